@@ -1,0 +1,217 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/orderconfirm/inboxd/internal/inbox"
+)
+
+// config is the whole configuration of inboxd, read from the environment.
+type config struct {
+	databaseURL string
+	dbConfig    *pgxpool.Config
+	amqpURL     string
+	httpAddr    string
+
+	logLevel  slog.Level
+	logFormat string
+	migrate   bool
+
+	queueType         string
+	ingestChannels    int
+	ingestBatchSize   int
+	ingestLinger      time.Duration
+	prefetch          int
+	maxMessageBytes   int
+	deriveMessageID   bool
+	amqpHeartbeat     time.Duration
+	ingestStoreTimeout time.Duration
+
+	workers          int
+	workerBatchSize  int
+	pollInterval     time.Duration
+	handlerTimeout   time.Duration
+	maxAttempts      int
+	retryBase        time.Duration
+	retryMax         time.Duration
+	statementTimeout time.Duration
+	idleInTxTimeout  time.Duration
+	dbConnectTimeout time.Duration
+
+	shutdownTimeout time.Duration
+}
+
+// setting is one environment variable: its name, default and meaning, and
+// how to apply its value to the config.
+type setting struct {
+	name   string
+	def    string
+	doc    string
+	secret bool // the value may hold a password: never print it
+	apply  func(v string) error
+}
+
+// settings lists every environment variable inboxd reads. The README's
+// configuration table is checked against it by a test.
+func (c *config) settings() []setting {
+	return []setting{
+		{name: "DATABASE_URL", doc: "PostgreSQL connection URL or DSN (required); a search_path parameter selects the schema", secret: true, apply: c.parseDatabaseURL},
+		{name: "AMQP_URL", doc: "RabbitMQ URL, amqp:// or amqps:// (required)", secret: true, apply: c.parseAMQPURL},
+		{name: "HTTP_ADDR", def: "127.0.0.1:8080", doc: "address of the /healthz and /readyz endpoint", apply: c.parseHTTPAddr},
+		{name: "INBOX_LOG_LEVEL", def: "info", doc: "debug, info, warn or error", apply: c.parseLogLevel},
+		{name: "INBOX_LOG_FORMAT", def: "json", doc: "json or text", apply: oneOf(&c.logFormat, "json", "text")},
+		{name: "INBOX_MIGRATE", def: "true", doc: "serve applies the migrations at start", apply: boolVar(&c.migrate)},
+		{name: "INBOX_QUEUE_TYPE", def: inbox.QueueTypeQuorum, doc: "type of the declared queues: quorum or classic", apply: oneOf(&c.queueType, inbox.QueueTypeQuorum, inbox.QueueTypeClassic)},
+		{name: "INBOX_INGEST_CHANNELS", def: "2", doc: "AMQP channels consuming at once, each with its own batches", apply: intVar(&c.ingestChannels, 1, 64)},
+		{name: "INBOX_INGEST_BATCH_SIZE", def: "500", doc: "most deliveries stored per insert", apply: intVar(&c.ingestBatchSize, 1, 10000)},
+		{name: "INBOX_INGEST_LINGER", def: "5ms", doc: "how long a batch that is not full waits for more deliveries", apply: durationVar(&c.ingestLinger, time.Microsecond)},
+		{name: "INBOX_PREFETCH", def: "1000", doc: "unacknowledged deliveries per channel (AMQP QoS)", apply: intVar(&c.prefetch, 1, 65535)},
+		{name: "INBOX_MAX_MESSAGE_BYTES", def: "1048576", doc: "largest body stored; larger ones are dead-lettered", apply: intVar(&c.maxMessageBytes, 1, 512<<20)},
+		{name: "INBOX_DERIVE_MISSING_MESSAGE_ID", def: "false", doc: "give a delivery without message_id the id sha256:<hex of type, NUL, body> instead of dead-lettering it", apply: boolVar(&c.deriveMessageID)},
+		{name: "INBOX_AMQP_HEARTBEAT", def: "10s", doc: "AMQP heartbeat interval", apply: durationVar(&c.amqpHeartbeat, time.Second)},
+		{name: "INBOX_INGEST_STORE_TIMEOUT", def: "10s", doc: "bound on one batch insert", apply: durationVar(&c.ingestStoreTimeout, time.Millisecond)},
+		{name: "INBOX_WORKERS", def: "4", doc: "batches handled at once, each in its own transaction", apply: intVar(&c.workers, 1, 256)},
+		{name: "INBOX_WORKER_BATCH_SIZE", def: "256", doc: "most messages claimed per transaction", apply: intVar(&c.workerBatchSize, 1, 10000)},
+		{name: "INBOX_POLL_INTERVAL", def: "1s", doc: "how often workers look for due messages without a wake-up", apply: durationVar(&c.pollInterval, time.Millisecond)},
+		{name: "INBOX_HANDLER_TIMEOUT", def: "30s", doc: "bound on handling one batch", apply: durationVar(&c.handlerTimeout, time.Millisecond)},
+		{name: "INBOX_MAX_ATTEMPTS", def: "10", doc: "failed attempts after which a message is dead", apply: intVar(&c.maxAttempts, 1, 1000)},
+		{name: "INBOX_RETRY_BASE", def: "1s", doc: "delay before the first retry; doubled per attempt, with jitter", apply: durationVar(&c.retryBase, time.Millisecond)},
+		{name: "INBOX_RETRY_MAX", def: "5m", doc: "longest delay between retries", apply: durationVar(&c.retryMax, time.Millisecond)},
+		{name: "INBOX_STATEMENT_TIMEOUT", def: "30s", doc: "PostgreSQL statement_timeout of every connection", apply: durationVar(&c.statementTimeout, time.Millisecond)},
+		{name: "INBOX_IDLE_IN_TX_TIMEOUT", def: "60s", doc: "PostgreSQL idle_in_transaction_session_timeout of every connection", apply: durationVar(&c.idleInTxTimeout, time.Millisecond)},
+		{name: "INBOX_DB_CONNECT_TIMEOUT", def: "5s", doc: "bound on opening one PostgreSQL connection", apply: durationVar(&c.dbConnectTimeout, time.Millisecond)},
+		{name: "INBOX_SHUTDOWN_TIMEOUT", def: "20s", doc: "grace period to finish in-flight work after SIGTERM", apply: durationVar(&c.shutdownTimeout, time.Millisecond)},
+	}
+}
+
+// loadConfig reads the configuration through getenv. The error names the
+// first bad setting and never holds a secret value.
+func loadConfig(getenv func(string) string) (*config, error) {
+	c := &config{}
+	for _, s := range c.settings() {
+		v := strings.TrimSpace(getenv(s.name))
+		if v == "" {
+			v = s.def
+		}
+		if v == "" {
+			return nil, fmt.Errorf("%s is required: %s", s.name, s.doc)
+		}
+		if err := s.apply(v); err != nil {
+			if s.secret {
+				return nil, fmt.Errorf("%s is invalid: %w", s.name, err)
+			}
+			return nil, fmt.Errorf("%s is invalid: %q: %w", s.name, v, err)
+		}
+	}
+	if c.retryMax < c.retryBase {
+		return nil, fmt.Errorf("INBOX_RETRY_MAX is invalid: %s is shorter than INBOX_RETRY_BASE (%s)", c.retryMax, c.retryBase)
+	}
+	c.dbConfig.ConnConfig.ConnectTimeout = c.dbConnectTimeout
+	rp := c.dbConfig.ConnConfig.RuntimeParams
+	rp["application_name"] = "inboxd"
+	rp["statement_timeout"] = strconv.FormatInt(c.statementTimeout.Milliseconds(), 10)
+	rp["idle_in_transaction_session_timeout"] = strconv.FormatInt(c.idleInTxTimeout.Milliseconds(), 10)
+	return c, nil
+}
+
+func (c *config) parseDatabaseURL(v string) error {
+	cfg, err := pgxpool.ParseConfig(v)
+	if err != nil {
+		return errors.New(redact(err.Error(), v))
+	}
+	c.databaseURL, c.dbConfig = v, cfg
+	return nil
+}
+
+func (c *config) parseAMQPURL(v string) error {
+	if _, err := amqp.ParseURI(v); err != nil {
+		return errors.New(redact(err.Error(), v))
+	}
+	c.amqpURL = v
+	return nil
+}
+
+func (c *config) parseHTTPAddr(v string) error {
+	if _, _, err := net.SplitHostPort(v); err != nil {
+		return errors.New("want host:port")
+	}
+	c.httpAddr = v
+	return nil
+}
+
+func (c *config) parseLogLevel(v string) error {
+	return c.logLevel.UnmarshalText([]byte(v))
+}
+
+// redact removes the password of URL v from msg.
+func redact(msg, v string) string {
+	u, err := url.Parse(v)
+	if err != nil || u.User == nil {
+		return msg
+	}
+	if pw, ok := u.User.Password(); ok && pw != "" {
+		msg = strings.ReplaceAll(msg, pw, "xxxxx")
+	}
+	return msg
+}
+
+func intVar(p *int, lo, hi int) func(string) error {
+	return func(v string) error {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return errors.New("not an integer")
+		}
+		if n < lo || n > hi {
+			return fmt.Errorf("must be between %d and %d", lo, hi)
+		}
+		*p = n
+		return nil
+	}
+}
+
+func durationVar(p *time.Duration, lo time.Duration) func(string) error {
+	return func(v string) error {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			return errors.New("not a duration such as 500ms, 10s or 5m")
+		}
+		if d < lo {
+			return fmt.Errorf("must be at least %s", lo)
+		}
+		*p = d
+		return nil
+	}
+}
+
+func boolVar(p *bool) func(string) error {
+	return func(v string) error {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			return errors.New("not true or false")
+		}
+		*p = b
+		return nil
+	}
+}
+
+func oneOf(p *string, allowed ...string) func(string) error {
+	return func(v string) error {
+		for _, a := range allowed {
+			if v == a {
+				*p = v
+				return nil
+			}
+		}
+		return fmt.Errorf("must be one of %s", strings.Join(allowed, ", "))
+	}
+}

@@ -1,0 +1,43 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/orderconfirm/inboxd/internal/inbox"
+)
+
+// newHTTPHandler serves /healthz (the process is alive) and /readyz (it can
+// reach PostgreSQL and is consuming from RabbitMQ).
+func newHTTPHandler(pool *pgxpool.Pool, consumer *inbox.Consumer) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
+		defer cancel()
+		checks := map[string]string{"postgres": "ok", "rabbitmq": "ok"}
+		status := http.StatusOK
+		if err := pool.Ping(ctx); err != nil {
+			checks["postgres"] = "unreachable"
+			status = http.StatusServiceUnavailable
+		}
+		if !consumer.Consuming() {
+			checks["rabbitmq"] = "not consuming"
+			status = http.StatusServiceUnavailable
+		}
+		writeJSON(w, status, checks)
+	})
+	return mux
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}

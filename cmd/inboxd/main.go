@@ -1,0 +1,104 @@
+// Command inboxd is the order-confirmation inbox service.
+//
+// Usage:
+//
+//	inboxd migrate   apply the embedded migrations and exit
+//	inboxd serve     run ingest, workers and the HTTP endpoint until SIGINT/SIGTERM
+//	inboxd help      list the commands and every environment variable
+//
+// All configuration comes from the environment; see `inboxd help`.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"syscall"
+	"text/tabwriter"
+)
+
+func main() {
+	if err := run(context.Background(), os.Args[1:], os.Getenv, os.Stdout, os.Stderr); err != nil {
+		fmt.Fprintf(os.Stderr, "inboxd: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+// errUsage is returned for a command line inboxd does not understand.
+var errUsage = errors.New("usage: inboxd migrate|serve|help")
+
+// run is inboxd without the process around it: tests call it directly.
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+	if len(args) != 1 {
+		return errUsage
+	}
+	switch args[0] {
+	case "help", "-h", "--help":
+		printHelp(stdout)
+		return nil
+	case "migrate", "serve":
+	default:
+		return errUsage
+	}
+
+	cfg, err := loadConfig(getenv)
+	if err != nil {
+		return fmt.Errorf("configuration: %w", err)
+	}
+	logger := newLogger(cfg, stderr)
+
+	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	go func() {
+		// After the first signal, a second one kills the process at once.
+		<-ctx.Done()
+		stop()
+	}()
+
+	if args[0] == "migrate" {
+		return migrateUp(ctx, cfg, logger)
+	}
+	return serve(ctx, cfg, logger)
+}
+
+func newLogger(cfg *config, w io.Writer) *slog.Logger {
+	opts := &slog.HandlerOptions{
+		Level: cfg.logLevel,
+		ReplaceAttr: func(_ []string, a slog.Attr) slog.Attr {
+			if a.Value.Kind() == slog.KindDuration {
+				a.Value = slog.StringValue(a.Value.Duration().String())
+			}
+			return a
+		},
+	}
+	var h slog.Handler = slog.NewJSONHandler(w, opts)
+	if cfg.logFormat == "text" {
+		h = slog.NewTextHandler(w, opts)
+	}
+	return slog.New(h).With(slog.Int("pid", os.Getpid()))
+}
+
+func printHelp(w io.Writer) {
+	fmt.Fprint(w, `inboxd: the order-confirmation inbox service.
+
+Commands:
+  migrate   apply the embedded database migrations and exit
+  serve     run ingest, workers and the HTTP endpoint until SIGINT or SIGTERM
+  help      show this text
+
+Environment:
+`)
+	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', 0)
+	for _, s := range (&config{}).settings() {
+		def := s.def
+		if def == "" {
+			def = "(required)"
+		}
+		fmt.Fprintf(tw, "  %s\t%s\t%s\n", s.name, def, s.doc)
+	}
+	_ = tw.Flush()
+}

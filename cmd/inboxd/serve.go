@@ -1,0 +1,142 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/orderconfirm/inboxd/internal/inbox"
+	"github.com/orderconfirm/inboxd/internal/migrate"
+	"github.com/orderconfirm/inboxd/internal/orders"
+)
+
+func migrateUp(ctx context.Context, cfg *config, logger *slog.Logger) error {
+	n, err := migrate.Up(ctx, cfg.dbConfig.ConnConfig, logger)
+	if err != nil {
+		return err
+	}
+	logger.Info("database migrated", slog.Int("applied", n))
+	return nil
+}
+
+// serve runs the service until ctx ends, then stops it within
+// cfg.shutdownTimeout.
+func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
+	if cfg.migrate {
+		if err := migrateUp(ctx, cfg, logger); err != nil {
+			return err
+		}
+	}
+
+	// Ingest and workers have pools of their own, so neither can starve the
+	// other of connections.
+	ingestPool, err := newPool(ctx, cfg, "ingest", cfg.ingestChannels+1)
+	if err != nil {
+		return err
+	}
+	defer ingestPool.Close()
+	workerPool, err := newPool(ctx, cfg, "worker", cfg.workers+1)
+	if err != nil {
+		return err
+	}
+	defer workerPool.Close()
+
+	worker, err := inbox.NewWorker(workerPool, &inbox.WorkerConfig{
+		Handler:        orders.NewHandler(logger),
+		Logger:         logger,
+		Concurrency:    cfg.workers,
+		BatchSize:      cfg.workerBatchSize,
+		PollInterval:   cfg.pollInterval,
+		HandlerTimeout: cfg.handlerTimeout,
+		MaxAttempts:    cfg.maxAttempts,
+		RetryBase:      cfg.retryBase,
+		RetryMax:       cfg.retryMax,
+	})
+	if err != nil {
+		return err
+	}
+	hostname, _ := os.Hostname()
+	consumer, err := inbox.NewConsumer(ingestPool, &inbox.ConsumerConfig{
+		URL:                    cfg.amqpURL,
+		Logger:                 logger,
+		ConnectionName:         fmt.Sprintf("inboxd ingest %s/%d", hostname, os.Getpid()),
+		QueueType:              cfg.queueType,
+		Channels:               cfg.ingestChannels,
+		BatchSize:              cfg.ingestBatchSize,
+		Linger:                 cfg.ingestLinger,
+		Prefetch:               cfg.prefetch,
+		MaxMessageBytes:        cfg.maxMessageBytes,
+		DeriveMissingMessageID: cfg.deriveMessageID,
+		Heartbeat:              cfg.amqpHeartbeat,
+		StoreTimeout:           cfg.ingestStoreTimeout,
+		OnStored:               worker.Notify,
+	})
+	if err != nil {
+		return err
+	}
+	listener := inbox.NewListener(cfg.dbConfig.ConnConfig, logger, worker.Notify)
+
+	httpServer := &http.Server{
+		Handler:           newHTTPHandler(workerPool, consumer),
+		ReadHeaderTimeout: 5 * time.Second,
+	}
+	ln, err := net.Listen("tcp", cfg.httpAddr)
+	if err != nil {
+		return fmt.Errorf("listen on HTTP_ADDR: %w", err)
+	}
+
+	var bg sync.WaitGroup
+	listenCtx, stopListener := context.WithCancel(ctx)
+	defer stopListener()
+	bg.Go(func() { listener.Run(listenCtx) })
+	bg.Go(func() {
+		if err := httpServer.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			logger.Error("HTTP server failed", slog.String("error", err.Error()))
+		}
+	})
+	if err := worker.Start(ctx); err != nil {
+		return err
+	}
+	if err := consumer.Start(ctx); err != nil {
+		return err
+	}
+	logger.Info("inboxd serving", slog.String("http_addr", ln.Addr().String()),
+		slog.Int("workers", cfg.workers), slog.Int("ingest_channels", cfg.ingestChannels))
+
+	<-ctx.Done()
+	started := time.Now()
+	logger.Info("shutting down", slog.Duration("grace", cfg.shutdownTimeout))
+	stopCtx, cancel := context.WithTimeout(context.Background(), cfg.shutdownTimeout)
+	defer cancel()
+
+	// Ingest and workers stop together: ingest cancels its consumers and
+	// acks what it has stored; workers finish (or roll back) their batches.
+	var stopping sync.WaitGroup
+	stopping.Go(func() { consumer.Stop(stopCtx) })
+	stopping.Go(func() { worker.Stop(stopCtx) })
+	stopping.Wait()
+	stopListener()
+	_ = httpServer.Shutdown(stopCtx)
+	bg.Wait()
+	logger.Info("stopped", slog.Duration("took", time.Since(started)))
+	return nil
+}
+
+func newPool(ctx context.Context, cfg *config, name string, maxConns int) (*pgxpool.Pool, error) {
+	pc := cfg.dbConfig.Copy()
+	pc.MaxConns = int32(maxConns)
+	pc.ConnConfig.RuntimeParams["application_name"] = "inboxd " + name
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	if err != nil {
+		return nil, fmt.Errorf("create %s pool: %w", name, err)
+	}
+	return pool, nil
+}

@@ -1,0 +1,595 @@
+package inbox
+
+import (
+	"cmp"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/orderconfirm/inboxd/internal/dbsqlc"
+)
+
+// MaxMessageIDBytes is the longest message_id (and type) ingest stores.
+const MaxMessageIDBytes = 255
+
+// ConsumerConfig configures a Consumer.
+type ConsumerConfig struct {
+	// URL is the AMQP URL of the broker. Required.
+	URL string
+	// Logger receives the consumer's logs. Defaults to slog.Default().
+	Logger *slog.Logger
+	// ConnectionName is shown by the broker for the consumer's connection.
+	// Defaults to "inboxd ingest".
+	ConnectionName string
+	// QueueType is the type of the declared queues, QueueTypeQuorum or
+	// QueueTypeClassic. Defaults to QueueTypeQuorum.
+	QueueType string
+	// Channels is the number of channels consuming at once, each with its own
+	// batches. Defaults to 2.
+	Channels int
+	// BatchSize is the most deliveries stored per insert. Defaults to 500.
+	BatchSize int
+	// Linger is how long a batch that is not full waits for more deliveries
+	// before it is stored. Defaults to 5 milliseconds.
+	Linger time.Duration
+	// Prefetch is the number of unacknowledged deliveries the broker may send
+	// each channel. Defaults to twice BatchSize.
+	Prefetch int
+	// MaxMessageBytes is the largest body stored; larger deliveries are
+	// dead-lettered. Defaults to 1 MiB.
+	MaxMessageBytes int
+	// DeriveMissingMessageID, when true, gives a delivery without a
+	// message_id the id "sha256:" + hex(SHA-256(type, NUL, body)), so identical
+	// bodies of one type are treated as one message. When false (the default)
+	// such deliveries are dead-lettered.
+	DeriveMissingMessageID bool
+	// Heartbeat is the AMQP heartbeat interval, which detects half-open
+	// connections. Defaults to 10 seconds.
+	Heartbeat time.Duration
+	// StoreTimeout bounds one insert of a batch. Defaults to 10 seconds.
+	StoreTimeout time.Duration
+	// OnStored, when set, is called after a batch that added new rows has
+	// committed. It must not block.
+	OnStored func()
+}
+
+func (c *ConsumerConfig) withDefaults() (*ConsumerConfig, error) {
+	out := *c
+	out.Logger = cmp.Or(out.Logger, slog.Default())
+	out.ConnectionName = cmp.Or(out.ConnectionName, "inboxd ingest")
+	out.QueueType = cmp.Or(out.QueueType, QueueTypeQuorum)
+	out.Channels = cmp.Or(out.Channels, 2)
+	out.BatchSize = cmp.Or(out.BatchSize, 500)
+	out.Linger = cmp.Or(out.Linger, 5*time.Millisecond)
+	out.Prefetch = cmp.Or(out.Prefetch, 2*out.BatchSize)
+	out.MaxMessageBytes = cmp.Or(out.MaxMessageBytes, 1<<20)
+	out.Heartbeat = cmp.Or(out.Heartbeat, 10*time.Second)
+	out.StoreTimeout = cmp.Or(out.StoreTimeout, 10*time.Second)
+	switch {
+	case out.URL == "":
+		return nil, errors.New("consumer: URL is required")
+	case out.QueueType != QueueTypeQuorum && out.QueueType != QueueTypeClassic:
+		return nil, fmt.Errorf("consumer: QueueType must be %q or %q, got %q", QueueTypeQuorum, QueueTypeClassic, out.QueueType)
+	case out.Channels < 1, out.BatchSize < 1, out.Prefetch < 1, out.MaxMessageBytes < 1:
+		return nil, errors.New("consumer: Channels, BatchSize, Prefetch and MaxMessageBytes must be positive")
+	case out.Linger <= 0, out.Heartbeat <= 0, out.StoreTimeout <= 0:
+		return nil, errors.New("consumer: Linger, Heartbeat and StoreTimeout must be positive")
+	}
+	return &out, nil
+}
+
+// Consumer is the ingest side of the inbox. It consumes QueueInbox, stores
+// each batch of deliveries with one INSERT ... ON CONFLICT DO NOTHING, and
+// acknowledges the batch only after that insert has committed. Deliveries
+// that cannot be stored (no message id, too large) are published to
+// ExchangeDeadLetter with the reason in HeaderRejectReason, and acknowledged
+// only once the broker has confirmed that publish.
+//
+// It reconnects with backoff whenever the connection or a channel closes and
+// redeclares the topology each time. A delivery is only ever acknowledged on
+// the channel that delivered it.
+type Consumer struct {
+	pool    *pgxpool.Pool
+	cfg     *ConsumerConfig
+	logger  *slog.Logger
+	queries *dbsqlc.Queries
+
+	consuming atomic.Int32
+
+	mu         sync.Mutex
+	stopFetch  context.CancelFunc
+	cancelWork context.CancelFunc
+	done       chan struct{}
+}
+
+// NewConsumer returns a Consumer that stores deliveries through pool.
+func NewConsumer(pool *pgxpool.Pool, cfg *ConsumerConfig) (*Consumer, error) {
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	return &Consumer{
+		pool:    pool,
+		cfg:     c,
+		logger:  c.Logger.With(slog.String("component", "inbox.ingest")),
+		queries: dbsqlc.New(),
+	}, nil
+}
+
+// Consuming reports whether every configured channel is consuming.
+func (c *Consumer) Consuming() bool {
+	return int(c.consuming.Load()) == c.cfg.Channels
+}
+
+// Start connects in the background and returns at once.
+func (c *Consumer) Start(ctx context.Context) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.done != nil {
+		return errors.New("consumer: already started")
+	}
+	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
+	fetchCtx, stopFetch := context.WithCancel(ctx)
+	c.stopFetch, c.cancelWork, c.done = stopFetch, cancelWork, make(chan struct{})
+	go func() {
+		defer close(c.done)
+		c.run(fetchCtx, workCtx)
+	}()
+	return nil
+}
+
+// Stop cancels the consumers, stores and acknowledges the deliveries already
+// received, and closes the connection. When ctx ends first, the batches in
+// flight are abandoned unacknowledged (the broker redelivers them), and Stop
+// returns once the connection is closed.
+func (c *Consumer) Stop(ctx context.Context) {
+	c.mu.Lock()
+	stopFetch, cancelWork, done := c.stopFetch, c.cancelWork, c.done
+	c.mu.Unlock()
+	if done == nil {
+		return
+	}
+	stopFetch()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		cancelWork()
+		<-done
+	}
+	cancelWork()
+}
+
+func (c *Consumer) run(fetchCtx, workCtx context.Context) {
+	failures := 0
+	for fetchCtx.Err() == nil {
+		started := time.Now()
+		err := c.session(fetchCtx, workCtx)
+		if fetchCtx.Err() != nil {
+			return
+		}
+		if time.Since(started) > time.Minute {
+			failures = 0
+		}
+		failures++
+		delay := backoff(failures, 200*time.Millisecond, 15*time.Second)
+		c.logger.Warn("broker session ended, reconnecting",
+			slog.String("error", errString(err)), slog.Duration("retry_in", delay))
+		if !sleep(fetchCtx, delay) {
+			return
+		}
+	}
+}
+
+// session runs one connection: it declares the topology and consumes on
+// cfg.Channels channels until the connection or any channel fails, or until
+// fetchCtx ends.
+func (c *Consumer) session(fetchCtx, workCtx context.Context) error {
+	conn, err := amqp.DialConfig(c.cfg.URL, amqp.Config{
+		Heartbeat: c.cfg.Heartbeat,
+		Locale:    "en_US",
+		Dial:      amqp.DefaultDial(10 * time.Second),
+		Properties: amqp.Table{
+			"connection_name": c.cfg.ConnectionName,
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("connect to broker: %w", err)
+	}
+	defer func() { _ = conn.Close() }()
+	connClosed := conn.NotifyClose(make(chan *amqp.Error, 1))
+
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("open channel: %w", err)
+	}
+	if err := DeclareTopology(ch, c.cfg.QueueType); err != nil {
+		return err
+	}
+	_ = ch.Close()
+
+	sessCtx, cancel := context.WithCancelCause(fetchCtx)
+	defer cancel(nil)
+	var wg sync.WaitGroup
+	for i := range c.cfg.Channels {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := c.consume(sessCtx, workCtx, conn, i)
+			if err == nil && fetchCtx.Err() == nil {
+				err = errors.New("consumer stopped")
+			}
+			cancel(err)
+		}()
+	}
+	c.logger.Info("connected to broker", slog.Int("channels", c.cfg.Channels))
+	select {
+	case amqpErr := <-connClosed:
+		if amqpErr == nil {
+			cancel(errors.New("connection closed"))
+		} else {
+			cancel(fmt.Errorf("connection closed: %w", amqpErr))
+		}
+	case <-sessCtx.Done():
+	}
+	wg.Wait()
+	if fetchCtx.Err() != nil {
+		return nil
+	}
+	return context.Cause(sessCtx)
+}
+
+// consume runs one consuming channel and its batches.
+func (c *Consumer) consume(sessCtx, workCtx context.Context, conn *amqp.Connection, n int) error {
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("open channel: %w", err)
+	}
+	defer func() { _ = ch.Close() }()
+	chClosed := ch.NotifyClose(make(chan *amqp.Error, 1))
+	cancelled := ch.NotifyCancel(make(chan string, 1))
+	if err := ch.Qos(c.cfg.Prefetch, 0, false); err != nil {
+		return fmt.Errorf("set prefetch: %w", err)
+	}
+
+	// Dead letters are published on a channel of their own, in confirm mode.
+	dlch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("open dead-letter channel: %w", err)
+	}
+	defer func() { _ = dlch.Close() }()
+	if err := dlch.Confirm(false); err != nil {
+		return fmt.Errorf("enable publisher confirms: %w", err)
+	}
+
+	tag := fmt.Sprintf("%s #%d", c.cfg.ConnectionName, n)
+	deliveries, err := ch.Consume(QueueInbox, tag, false, false, false, false, nil)
+	if err != nil {
+		return fmt.Errorf("consume %q: %w", QueueInbox, err)
+	}
+	c.consuming.Add(1)
+	defer c.consuming.Add(-1)
+
+	b := &batch{consumer: c, ch: ch, dlch: dlch}
+	linger := time.NewTimer(time.Hour)
+	linger.Stop()
+	defer linger.Stop()
+	for {
+		select {
+		case d, ok := <-deliveries:
+			if !ok {
+				return c.channelError(chClosed, "delivery channel closed")
+			}
+			b.add(d)
+			if len(b.deliveries) == 1 {
+				linger.Reset(c.cfg.Linger)
+			}
+			if len(b.deliveries) >= c.cfg.BatchSize {
+				linger.Stop()
+				if err := b.flush(workCtx); err != nil {
+					return err
+				}
+			}
+		case <-linger.C:
+			if err := b.flush(workCtx); err != nil {
+				return err
+			}
+		case amqpErr := <-chClosed:
+			return fmt.Errorf("channel closed: %v", amqpErr)
+		case <-cancelled:
+			return errors.New("consumer cancelled by the broker (queue deleted?)")
+		case <-sessCtx.Done():
+			return c.drain(workCtx, ch, tag, deliveries, b)
+		}
+	}
+}
+
+// drain cancels the consumer and stores what was already delivered, so a
+// graceful stop acknowledges everything it received.
+func (c *Consumer) drain(workCtx context.Context, ch *amqp.Channel, tag string, deliveries <-chan amqp.Delivery, b *batch) error {
+	if err := ch.Cancel(tag, false); err != nil {
+		return nil // the channel is gone: unacknowledged deliveries return to the queue
+	}
+	for d := range deliveries {
+		b.add(d)
+		if len(b.deliveries) >= c.cfg.BatchSize {
+			if err := b.flush(workCtx); err != nil {
+				return err
+			}
+		}
+	}
+	return b.flush(workCtx)
+}
+
+func (c *Consumer) channelError(chClosed <-chan *amqp.Error, fallback string) error {
+	select {
+	case amqpErr := <-chClosed:
+		if amqpErr != nil {
+			return fmt.Errorf("channel closed: %w", amqpErr)
+		}
+	default:
+	}
+	return errors.New(fallback)
+}
+
+// batch accumulates deliveries of one channel until they are flushed.
+type batch struct {
+	consumer   *Consumer
+	ch         *amqp.Channel
+	dlch       *amqp.Channel
+	deliveries []amqp.Delivery
+}
+
+func (b *batch) add(d amqp.Delivery) { b.deliveries = append(b.deliveries, d) }
+
+// row is a delivery that can be stored.
+type row struct {
+	messageID, messageType, routingKey string
+	payload                            []byte
+	delivery                           int // index in batch.deliveries
+}
+
+// rejection is a delivery that cannot be stored, with the reason.
+type rejection struct {
+	delivery amqp.Delivery
+	reason   string
+}
+
+// flush stores the batch, dead-letters what cannot be stored, and then
+// acknowledges every delivery of the batch with one multiple ack. It returns
+// an error, leaving the batch unacknowledged, only when the channel or the
+// stop deadline ended the attempt.
+func (b *batch) flush(ctx context.Context) error {
+	if len(b.deliveries) == 0 {
+		return nil
+	}
+	c := b.consumer
+	rows := make([]row, 0, len(b.deliveries))
+	var rejects []rejection
+	for i, d := range b.deliveries {
+		r, reason := c.classify(d)
+		if reason != "" {
+			rejects = append(rejects, rejection{delivery: d, reason: reason})
+			continue
+		}
+		r.delivery = i
+		rows = append(rows, r)
+	}
+
+	inserted, dbRejects, err := c.storeUntilDone(ctx, b.ch, rows)
+	if err != nil {
+		return err
+	}
+	for _, i := range dbRejects {
+		rejects = append(rejects, rejection{delivery: b.deliveries[rows[i].delivery], reason: "refused by the database"})
+	}
+	if len(rejects) > 0 {
+		if err := c.deadLetter(ctx, b.dlch, rejects); err != nil {
+			return fmt.Errorf("dead-letter %d deliveries: %w", len(rejects), err)
+		}
+	}
+	last := b.deliveries[len(b.deliveries)-1]
+	if err := last.Ack(true); err != nil {
+		return fmt.Errorf("ack batch: %w", err)
+	}
+	c.logger.Debug("batch stored",
+		slog.Int("deliveries", len(b.deliveries)),
+		slog.Int("inserted", inserted),
+		slog.Int("duplicates", len(rows)-len(dbRejects)-inserted),
+		slog.Int("dead_lettered", len(rejects)))
+	b.deliveries = b.deliveries[:0]
+	if inserted > 0 && c.cfg.OnStored != nil {
+		c.cfg.OnStored()
+	}
+	return nil
+}
+
+// classify turns a delivery into a row, or says why it cannot be stored.
+func (c *Consumer) classify(d amqp.Delivery) (row, string) {
+	if len(d.Body) > c.cfg.MaxMessageBytes {
+		return row{}, fmt.Sprintf("message too large: %d bytes, the limit is %d", len(d.Body), c.cfg.MaxMessageBytes)
+	}
+	msgType := cmp.Or(d.Type, d.RoutingKey)
+	if msgType == "" {
+		return row{}, "no message type: neither a type property nor a routing key"
+	}
+	if !validText(msgType) {
+		return row{}, "message type is not valid UTF-8 text or is too long"
+	}
+	id := d.MessageId
+	if id == "" {
+		if !c.cfg.DeriveMissingMessageID {
+			return row{}, "missing message_id"
+		}
+		sum := sha256.New()
+		sum.Write([]byte(msgType))
+		sum.Write([]byte{0})
+		sum.Write(d.Body)
+		id = "sha256:" + hex.EncodeToString(sum.Sum(nil))
+	}
+	if !validText(id) {
+		return row{}, "message_id is not valid UTF-8 text or is too long"
+	}
+	return row{
+		messageID:   id,
+		messageType: msgType,
+		routingKey:  strings.ToValidUTF8(strings.ReplaceAll(d.RoutingKey, "\x00", ""), "?"),
+		payload:     d.Body,
+	}, ""
+}
+
+// validText reports whether s can be stored in a text column as an id.
+func validText(s string) bool {
+	return len(s) <= MaxMessageIDBytes && utf8.ValidString(s) && !strings.ContainsRune(s, 0)
+}
+
+// storeUntilDone stores rows, retrying with backoff while the database is
+// unreachable: the deliveries stay unacknowledged and no more are taken from
+// this channel meanwhile, so ingest pauses instead of failing them. It gives
+// up when ctx ends or the channel closes (the broker then redelivers).
+//
+// It returns the number of rows inserted, and the indexes of rows that the
+// database refused as data (never retried; they are dead-lettered).
+func (c *Consumer) storeUntilDone(ctx context.Context, ch *amqp.Channel, rows []row) (int, []int, error) {
+	for attempt := 1; ; attempt++ {
+		inserted, rejects, err := c.store(ctx, rows)
+		if err == nil {
+			return inserted, rejects, nil
+		}
+		if ctx.Err() != nil || ch.IsClosed() {
+			return 0, nil, fmt.Errorf("store batch: %w", err)
+		}
+		delay := backoff(attempt, 100*time.Millisecond, 5*time.Second)
+		c.logger.Error("store batch failed, holding deliveries and retrying",
+			slog.Int("rows", len(rows)), slog.String("error", err.Error()), slog.Duration("retry_in", delay))
+		if !sleep(ctx, delay) {
+			return 0, nil, fmt.Errorf("store batch: %w", err)
+		}
+	}
+}
+
+// store inserts rows in one statement. If the database refuses the batch's
+// data, it inserts the rows one by one to find the ones at fault.
+//
+// A failure whose outcome is unknown (the connection dropped around the
+// commit) is safe to retry: rows that did commit come back as duplicates.
+func (c *Consumer) store(ctx context.Context, rows []row) (int, []int, error) {
+	if len(rows) == 0 {
+		return 0, nil, nil
+	}
+	n, err := c.insert(ctx, rows)
+	if err == nil {
+		return n, nil, nil
+	}
+	if !isDataError(err) {
+		return 0, nil, err
+	}
+	c.logger.Warn("database refused a batch, storing its rows one by one", slog.String("error", err.Error()))
+	inserted := 0
+	var rejects []int
+	for i := range rows {
+		n, err := c.insert(ctx, rows[i:i+1])
+		switch {
+		case isDataError(err):
+			c.logger.Warn("database refused a message", slog.String("message_id", rows[i].messageID), slog.String("error", err.Error()))
+			rejects = append(rejects, i)
+		case err != nil:
+			return 0, nil, err
+		default:
+			inserted += n
+		}
+	}
+	return inserted, rejects, nil
+}
+
+func (c *Consumer) insert(ctx context.Context, rows []row) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.cfg.StoreTimeout)
+	defer cancel()
+	p := dbsqlc.InboxInsertManyParams{
+		MessageIds:   make([]string, len(rows)),
+		MessageTypes: make([]string, len(rows)),
+		RoutingKeys:  make([]string, len(rows)),
+		Payloads:     make([][]byte, len(rows)),
+	}
+	for i, r := range rows {
+		p.MessageIds[i], p.MessageTypes[i], p.RoutingKeys[i], p.Payloads[i] = r.messageID, r.messageType, r.routingKey, r.payload
+	}
+	ids, err := c.queries.InboxInsertMany(ctx, c.pool, p)
+	if err != nil {
+		return 0, err
+	}
+	return len(ids), nil
+}
+
+// isDataError reports whether err is PostgreSQL refusing the data itself
+// (SQLSTATE classes 22 and 23), which no retry can fix.
+func isDataError(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	return strings.HasPrefix(pgErr.Code, "22") || strings.HasPrefix(pgErr.Code, "23")
+}
+
+// deadLetter publishes rejected deliveries to ExchangeDeadLetter with the
+// reason in a header, and waits for the broker to confirm every publish.
+func (c *Consumer) deadLetter(ctx context.Context, dlch *amqp.Channel, rejects []rejection) error {
+	confirms := make([]*amqp.DeferredConfirmation, 0, len(rejects))
+	for _, r := range rejects {
+		d := r.delivery
+		headers := amqp.Table{}
+		for k, v := range d.Headers {
+			headers[k] = v
+		}
+		headers[HeaderRejectReason] = r.reason
+		headers[HeaderOriginalExchange] = d.Exchange
+		headers[HeaderOriginalRoutingKey] = d.RoutingKey
+		dc, err := dlch.PublishWithDeferredConfirmWithContext(ctx, ExchangeDeadLetter, d.RoutingKey, false, false, amqp.Publishing{
+			Headers:         headers,
+			ContentType:     d.ContentType,
+			ContentEncoding: d.ContentEncoding,
+			DeliveryMode:    amqp.Persistent,
+			CorrelationId:   d.CorrelationId,
+			MessageId:       d.MessageId,
+			Timestamp:       d.Timestamp,
+			Type:            d.Type,
+			AppId:           d.AppId,
+			Body:            d.Body,
+		})
+		if err != nil {
+			return err
+		}
+		confirms = append(confirms, dc)
+		c.logger.Warn("delivery dead-lettered",
+			slog.String("message_id", d.MessageId), slog.String("routing_key", d.RoutingKey),
+			slog.Int("bytes", len(d.Body)), slog.String("reason", r.reason))
+	}
+	for _, dc := range confirms {
+		ok, err := dc.WaitContext(ctx)
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return errors.New("broker refused a dead letter")
+		}
+	}
+	return nil
+}
+
+func errString(err error) string {
+	if err == nil {
+		return "none"
+	}
+	return err.Error()
+}

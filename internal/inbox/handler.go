@@ -1,0 +1,77 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Message is one claimed inbox row, handed to a Handler.
+type Message struct {
+	// ID is the inbox row's primary key.
+	ID int64
+	// MessageID is the AMQP message_id: the message's idempotency key.
+	MessageID string
+	// Type is the AMQP type property, else the routing key.
+	Type string
+	// Payload is the body exactly as received.
+	Payload []byte
+	// Attempt counts handling attempts, starting at 1 for the first.
+	Attempt int
+	// ReceivedAt is when ingest stored the message.
+	ReceivedAt time.Time
+	// Replay is true when an operator asked for the message to be handled again.
+	Replay bool
+}
+
+// Outcome is what handling one message came to.
+type Outcome struct {
+	// Result is a short description of what the handler did, stored in
+	// inbox.result when the message is processed (e.g. "confirmed").
+	Result string
+	// Err, when not nil, means the message failed: it is retried later, or
+	// marked dead at once when errors.Is(Err, ErrPermanent). A failed message
+	// must have left no database effects in the transaction.
+	Err error
+}
+
+// Handler handles claimed messages inside the worker's transaction, so that
+// its database effects commit together with the messages' processed mark, or
+// not at all.
+type Handler interface {
+	// HandleBatch handles msgs, in order, in tx and returns one Outcome per
+	// message. It must not call anything outside the database: effects that
+	// leave the service go through the outbox.
+	//
+	// Returning an error means the batch as a whole failed (typically a
+	// database error that aborted tx). The worker then rolls back everything
+	// the call did and hands each message to HandleBatch alone, under a
+	// savepoint of its own, so one bad message cannot fail the others.
+	HandleBatch(ctx context.Context, tx pgx.Tx, msgs []Message) ([]Outcome, error)
+}
+
+// ErrPermanent marks an error that retrying cannot fix, such as a payload that
+// is not valid JSON. A message failing with it is marked dead at once.
+var ErrPermanent = errors.New("permanent failure")
+
+// Permanent wraps err so that errors.Is(err, ErrPermanent) reports true.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &permanentError{err: err}
+}
+
+type permanentError struct{ err error }
+
+func (e *permanentError) Error() string        { return e.err.Error() }
+func (e *permanentError) Unwrap() error        { return e.err }
+func (e *permanentError) Is(target error) bool { return target == ErrPermanent }
+
+// Permanentf is Permanent(fmt.Errorf(format, args...)).
+func Permanentf(format string, args ...any) error {
+	return Permanent(fmt.Errorf(format, args...))
+}

@@ -1,0 +1,376 @@
+package inbox
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/orderconfirm/inboxd/internal/dbsqlc"
+)
+
+// Statuses of an inbox row.
+const (
+	StatusPending   = "pending"
+	StatusProcessed = "processed"
+	StatusDead      = "dead"
+)
+
+// WorkerConfig configures a Worker.
+type WorkerConfig struct {
+	// Handler handles the claimed messages. Required.
+	Handler Handler
+	// Logger receives the worker's logs. Defaults to slog.Default().
+	Logger *slog.Logger
+	// Concurrency is the number of batches handled at once, each in its own
+	// transaction on its own connection. Defaults to 4.
+	Concurrency int
+	// BatchSize is the most messages claimed per transaction. Defaults to 256.
+	BatchSize int
+	// PollInterval is how often the worker looks for due messages when nothing
+	// has woken it (wake-ups come from Notify). Defaults to 1 second.
+	PollInterval time.Duration
+	// HandlerTimeout bounds one HandleBatch call. Defaults to 30 seconds.
+	HandlerTimeout time.Duration
+	// MaxAttempts is the number of failed attempts after which a message is
+	// marked dead. Defaults to 10.
+	MaxAttempts int
+	// RetryBase is the delay before the first retry; each later retry doubles
+	// it, up to RetryMax, with full jitter. Defaults to 1 second.
+	RetryBase time.Duration
+	// RetryMax caps the retry delay. Defaults to 5 minutes.
+	RetryMax time.Duration
+}
+
+func (c *WorkerConfig) withDefaults() (*WorkerConfig, error) {
+	out := *c
+	out.Logger = cmp.Or(out.Logger, slog.Default())
+	out.Concurrency = cmp.Or(out.Concurrency, 4)
+	out.BatchSize = cmp.Or(out.BatchSize, 256)
+	out.PollInterval = cmp.Or(out.PollInterval, time.Second)
+	out.HandlerTimeout = cmp.Or(out.HandlerTimeout, 30*time.Second)
+	out.MaxAttempts = cmp.Or(out.MaxAttempts, 10)
+	out.RetryBase = cmp.Or(out.RetryBase, time.Second)
+	out.RetryMax = cmp.Or(out.RetryMax, 5*time.Minute)
+	switch {
+	case out.Handler == nil:
+		return nil, errors.New("worker: Handler is required")
+	case out.Concurrency < 1:
+		return nil, fmt.Errorf("worker: Concurrency must be at least 1, got %d", out.Concurrency)
+	case out.BatchSize < 1:
+		return nil, fmt.Errorf("worker: BatchSize must be at least 1, got %d", out.BatchSize)
+	case out.PollInterval <= 0, out.HandlerTimeout <= 0, out.RetryBase <= 0, out.RetryMax < out.RetryBase:
+		return nil, errors.New("worker: PollInterval, HandlerTimeout and RetryBase must be positive, RetryMax at least RetryBase")
+	case out.MaxAttempts < 1:
+		return nil, fmt.Errorf("worker: MaxAttempts must be at least 1, got %d", out.MaxAttempts)
+	}
+	return &out, nil
+}
+
+// Worker claims pending inbox rows in batches with FOR UPDATE SKIP LOCKED,
+// runs the Handler on them and marks each one processed, retried or dead in
+// the same transaction as the handler's effects. Any number of Workers, in
+// any number of processes, can share one inbox.
+type Worker struct {
+	pool    *pgxpool.Pool
+	cfg     *WorkerConfig
+	logger  *slog.Logger
+	queries *dbsqlc.Queries
+	wake    chan struct{}
+
+	mu         sync.Mutex
+	stopFetch  context.CancelFunc
+	cancelWork context.CancelFunc
+	done       chan struct{}
+}
+
+// NewWorker returns a Worker that claims from the inbox through pool. The
+// pool should have at least cfg.Concurrency connections of its own.
+func NewWorker(pool *pgxpool.Pool, cfg *WorkerConfig) (*Worker, error) {
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	return &Worker{
+		pool:    pool,
+		cfg:     c,
+		logger:  c.Logger.With(slog.String("component", "inbox.worker")),
+		queries: dbsqlc.New(),
+		wake:    make(chan struct{}, 1),
+	}, nil
+}
+
+// Notify wakes an idle worker goroutine to look for due messages. It never
+// blocks; wake-ups that arrive while one is already pending are merged.
+func (w *Worker) Notify() {
+	select {
+	case w.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Start launches the worker goroutines and returns at once. ctx bounds the
+// whole run; Stop ends it gracefully.
+func (w *Worker) Start(ctx context.Context) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.done != nil {
+		return errors.New("worker: already started")
+	}
+	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
+	fetchCtx, stopFetch := context.WithCancel(ctx)
+	w.stopFetch, w.cancelWork, w.done = stopFetch, cancelWork, make(chan struct{})
+
+	var wg sync.WaitGroup
+	for i := range w.cfg.Concurrency {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			w.loop(fetchCtx, workCtx, i)
+		}()
+	}
+	go func() {
+		wg.Wait()
+		close(w.done)
+	}()
+	return nil
+}
+
+// Stop stops claiming new batches and waits for the batches in flight to
+// commit. When ctx ends first, the in-flight handlers are cancelled and their
+// transactions rolled back (the messages stay pending), and Stop returns once
+// they have.
+func (w *Worker) Stop(ctx context.Context) {
+	w.mu.Lock()
+	stopFetch, cancelWork, done := w.stopFetch, w.cancelWork, w.done
+	w.mu.Unlock()
+	if done == nil {
+		return
+	}
+	stopFetch()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		cancelWork()
+		<-done
+	}
+	cancelWork()
+}
+
+func (w *Worker) loop(fetchCtx, workCtx context.Context, n int) {
+	logger := w.logger.With(slog.Int("worker", n))
+	poll := time.NewTicker(w.cfg.PollInterval)
+	defer poll.Stop()
+	failures := 0
+	for {
+		if fetchCtx.Err() != nil {
+			return
+		}
+		claimed, err := w.RunOnce(workCtx)
+		switch {
+		case err != nil:
+			if fetchCtx.Err() != nil {
+				return
+			}
+			failures++
+			delay := backoff(failures, 100*time.Millisecond, 10*time.Second)
+			logger.Error("work batch failed", slog.String("error", err.Error()), slog.Duration("retry_in", delay))
+			if !sleep(fetchCtx, delay) {
+				return
+			}
+			continue
+		case claimed == w.cfg.BatchSize:
+			failures = 0
+			w.Notify() // there may be more: let another goroutine join in
+			continue
+		}
+		failures = 0
+		select {
+		case <-fetchCtx.Done():
+			return
+		case <-w.wake:
+		case <-poll.C:
+		}
+	}
+}
+
+// RunOnce claims one batch of due messages, handles it and commits, and
+// returns how many messages it claimed. It is what each worker goroutine does
+// in a loop; tests call it to drive the worker step by step.
+func (w *Worker) RunOnce(ctx context.Context) (int, error) {
+	tx, err := w.pool.Begin(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("begin claim transaction: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+
+	rows, err := w.queries.InboxClaimBatch(ctx, tx, dbsqlc.InboxClaimBatchParams{MaxRows: int32(w.cfg.BatchSize)})
+	if err != nil {
+		return 0, fmt.Errorf("claim inbox batch: %w", err)
+	}
+	if len(rows) == 0 {
+		return 0, nil
+	}
+	msgs := make([]Message, len(rows))
+	for i, r := range rows {
+		msgs[i] = Message{
+			ID:         r.ID,
+			MessageID:  r.MessageID,
+			Type:       r.MessageType,
+			Payload:    r.Payload,
+			Attempt:    int(r.Attempts) + 1,
+			ReceivedAt: r.ReceivedAt,
+			Replay:     r.ReplayRequested,
+		}
+	}
+
+	outcomes, err := w.handle(ctx, tx, msgs)
+	if err != nil {
+		return 0, err
+	}
+	if err := w.complete(ctx, tx, msgs, outcomes); err != nil {
+		return 0, err
+	}
+	// Commit even when ctx was cancelled during a graceful stop: the work is done.
+	if err := tx.Commit(context.WithoutCancel(ctx)); err != nil {
+		return 0, fmt.Errorf("commit work batch: %w", err)
+	}
+	return len(rows), nil
+}
+
+// handle runs the handler on the whole batch under a savepoint; if that
+// fails it runs it on each message alone, each under its own savepoint.
+func (w *Worker) handle(ctx context.Context, tx pgx.Tx, msgs []Message) ([]Outcome, error) {
+	outcomes, batchErr := w.handleUnderSavepoint(ctx, tx, msgs)
+	switch {
+	case batchErr == nil:
+		return outcomes, nil
+	case errors.Is(batchErr, errTxBroken):
+		return nil, batchErr
+	case len(msgs) == 1:
+		return []Outcome{{Err: batchErr}}, nil
+	}
+	w.logger.Warn("batch handler failed, handling messages one by one",
+		slog.Int("batch_size", len(msgs)), slog.String("error", batchErr.Error()))
+	outcomes = make([]Outcome, len(msgs))
+	for i := range msgs {
+		out, err := w.handleUnderSavepoint(ctx, tx, msgs[i:i+1])
+		if errors.Is(err, errTxBroken) {
+			return nil, err
+		}
+		if err != nil {
+			outcomes[i] = Outcome{Err: err}
+			continue
+		}
+		outcomes[i] = out[0]
+	}
+	return outcomes, nil
+}
+
+// errTxBroken means the claiming transaction itself can no longer be used
+// (a savepoint could not be created or rolled back): the batch is abandoned
+// and its rows stay pending.
+var errTxBroken = errors.New("claim transaction broken")
+
+func (w *Worker) handleUnderSavepoint(ctx context.Context, tx pgx.Tx, msgs []Message) ([]Outcome, error) {
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%w: create savepoint: %w", errTxBroken, err)
+	}
+	outcomes, err := w.callHandler(ctx, sp, msgs)
+	if err == nil && len(outcomes) != len(msgs) {
+		err = fmt.Errorf("handler returned %d outcomes for %d messages", len(outcomes), len(msgs))
+	}
+	if err != nil {
+		if rbErr := sp.Rollback(context.WithoutCancel(ctx)); rbErr != nil {
+			return nil, fmt.Errorf("%w: roll back savepoint after %w: %w", errTxBroken, err, rbErr)
+		}
+		return nil, err
+	}
+	if err := sp.Commit(ctx); err != nil {
+		return nil, fmt.Errorf("%w: release savepoint: %w", errTxBroken, err)
+	}
+	return outcomes, nil
+}
+
+// callHandler runs the handler with its timeout and turns a panic into an error.
+func (w *Worker) callHandler(ctx context.Context, tx pgx.Tx, msgs []Message) (outcomes []Outcome, err error) {
+	ctx, cancel := context.WithTimeout(ctx, w.cfg.HandlerTimeout)
+	defer cancel()
+	defer func() {
+		if r := recover(); r != nil {
+			w.logger.Error("handler panicked", slog.Any("panic", r), slog.String("stack", string(debug.Stack())))
+			outcomes, err = nil, fmt.Errorf("handler panicked: %v", r)
+		}
+	}()
+	return w.cfg.Handler.HandleBatch(ctx, tx, msgs)
+}
+
+// complete writes every message's outcome in one statement.
+func (w *Worker) complete(ctx context.Context, tx pgx.Tx, msgs []Message, outcomes []Outcome) error {
+	p := dbsqlc.InboxCompleteManyParams{
+		Ids:           make([]int64, len(msgs)),
+		Statuses:      make([]string, len(msgs)),
+		Results:       make([]string, len(msgs)),
+		LastErrors:    make([]string, len(msgs)),
+		RetryDelaysMs: make([]int64, len(msgs)),
+	}
+	for i, m := range msgs {
+		out := outcomes[i]
+		p.Ids[i] = m.ID
+		switch {
+		case out.Err == nil:
+			p.Statuses[i] = StatusProcessed
+			p.Results[i] = out.Result
+		case errors.Is(out.Err, ErrPermanent), m.Attempt >= w.cfg.MaxAttempts:
+			p.Statuses[i] = StatusDead
+			p.LastErrors[i] = out.Err.Error()
+			w.logger.Warn("message dead", slog.String("message_id", m.MessageID),
+				slog.String("message_type", m.Type), slog.Int("attempt", m.Attempt), slog.String("error", out.Err.Error()))
+		default:
+			delay := backoff(m.Attempt, w.cfg.RetryBase, w.cfg.RetryMax)
+			p.Statuses[i] = StatusPending
+			p.LastErrors[i] = out.Err.Error()
+			p.RetryDelaysMs[i] = delay.Milliseconds()
+			w.logger.Info("message will be retried", slog.String("message_id", m.MessageID),
+				slog.Int("attempt", m.Attempt), slog.Duration("retry_in", delay), slog.String("error", out.Err.Error()))
+		}
+	}
+	if err := w.queries.InboxCompleteMany(ctx, tx, p); err != nil {
+		return fmt.Errorf("record outcomes: %w", err)
+	}
+	return nil
+}
+
+// backoff returns the delay before retry number attempt (1-based): base
+// doubled per attempt and capped at max, then jittered to a random point
+// between half of that and all of it, so retries of many messages spread out.
+func backoff(attempt int, base, max time.Duration) time.Duration {
+	d := base
+	for i := 1; i < attempt && d < max; i++ {
+		d *= 2
+	}
+	d = min(d, max)
+	half := d / 2
+	return half + rand.N(half+1)
+}
+
+// sleep waits for d or until ctx ends, and reports whether it waited in full.
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
+}

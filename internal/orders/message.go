@@ -1,0 +1,120 @@
+// Package orders is the order-confirmation domain: it turns order messages
+// from the inbox into order_confirmations rows, idempotently in the database
+// itself, so that a message re-sent under a new id still confirms an order
+// only once.
+package orders
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+)
+
+// Message types the handler understands.
+const (
+	TypeOrderCreated   = "order.created"
+	TypeOrderCancelled = "order.cancelled"
+)
+
+// maxIDBytes bounds orderId, userId, email and sku.
+const maxIDBytes = 255
+
+// OrderCreated is the body of an order.created message.
+type OrderCreated struct {
+	OrderID string `json:"orderId"`
+	UserID  string `json:"userId"`
+	Email   string `json:"email"`
+	Items   []Item `json:"items"`
+}
+
+// Item is one line of an order.
+type Item struct {
+	SKU      string `json:"sku"`
+	Quantity int    `json:"quantity"`
+}
+
+// OrderCancelled is the body of an order.cancelled message.
+type OrderCancelled struct {
+	OrderID string `json:"orderId"`
+	Reason  string `json:"reason"`
+}
+
+// ErrInvalidPayload is wrapped by every decoding and validation error.
+var ErrInvalidPayload = errors.New("invalid payload")
+
+// DecodeOrderCreated parses and validates an order.created body. Unknown
+// fields are ignored, so producers can add fields without breaking the
+// service.
+func DecodeOrderCreated(payload []byte) (OrderCreated, error) {
+	var m OrderCreated
+	if err := decodeJSON(payload, &m); err != nil {
+		return m, err
+	}
+	var problems []string
+	problems = checkID(problems, "orderId", m.OrderID)
+	problems = checkID(problems, "userId", m.UserID)
+	problems = checkID(problems, "email", m.Email)
+	if m.Email != "" && !strings.Contains(m.Email, "@") {
+		problems = append(problems, "email is not an address")
+	}
+	if len(m.Items) == 0 {
+		problems = append(problems, "items is missing or empty")
+	}
+	for i, it := range m.Items {
+		problems = checkID(problems, fmt.Sprintf("items[%d].sku", i), it.SKU)
+		if it.Quantity < 1 {
+			problems = append(problems, fmt.Sprintf("items[%d].quantity must be at least 1", i))
+		}
+	}
+	return m, validationError(problems)
+}
+
+// DecodeOrderCancelled parses and validates an order.cancelled body.
+func DecodeOrderCancelled(payload []byte) (OrderCancelled, error) {
+	var m OrderCancelled
+	if err := decodeJSON(payload, &m); err != nil {
+		return m, err
+	}
+	var problems []string
+	problems = checkID(problems, "orderId", m.OrderID)
+	if strings.ContainsRune(m.Reason, 0) {
+		problems = append(problems, "reason holds a NUL character")
+	}
+	return m, validationError(problems)
+}
+
+func decodeJSON(payload []byte, v any) error {
+	if len(bytes.TrimSpace(payload)) == 0 {
+		return fmt.Errorf("%w: empty body", ErrInvalidPayload)
+	}
+	dec := json.NewDecoder(bytes.NewReader(payload))
+	if err := dec.Decode(v); err != nil {
+		return fmt.Errorf("%w: not a JSON object of the expected shape: %w", ErrInvalidPayload, err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		return fmt.Errorf("%w: data after the JSON object", ErrInvalidPayload)
+	}
+	return nil
+}
+
+func checkID(problems []string, field, v string) []string {
+	switch {
+	case v == "":
+		return append(problems, field+" is missing")
+	case len(v) > maxIDBytes:
+		return append(problems, fmt.Sprintf("%s is longer than %d bytes", field, maxIDBytes))
+	case strings.ContainsRune(v, 0):
+		return append(problems, field+" holds a NUL character")
+	}
+	return problems
+}
+
+func validationError(problems []string) error {
+	if len(problems) == 0 {
+		return nil
+	}
+	return fmt.Errorf("%w: %s", ErrInvalidPayload, strings.Join(problems, "; "))
+}

@@ -1,0 +1,34 @@
+-- name: OrderConfirmationInsertMany :many
+-- OrderConfirmationInsertMany confirms a batch of orders, skipping every order
+-- that already has a row (whatever its status), and returns the rows it
+-- inserted.
+INSERT INTO order_confirmations (order_id, status, user_id, email, message_id)
+SELECT unnest(@order_ids::text[]),
+       'confirmed',
+       unnest(@user_ids::text[]),
+       unnest(@emails::text[]),
+       unnest(@message_ids::text[])
+ON CONFLICT (order_id) DO NOTHING
+RETURNING order_id, message_id;
+
+-- name: OrderConfirmationCancel :one
+-- OrderConfirmationCancel moves a confirmed order to cancelled. It returns
+-- pgx.ErrNoRows when the order is not confirmed (unknown, rejected or already
+-- cancelled).
+UPDATE order_confirmations
+SET status = 'cancelled', reason = nullif(@reason::text, ''), updated_at = now()
+WHERE order_id = @order_id AND status = 'confirmed'
+RETURNING order_id;
+
+-- name: OrderConfirmationInsertCancelled :one
+-- OrderConfirmationInsertCancelled records a cancellation that arrived before
+-- its order, so that a later order.created for it confirms nothing. It returns
+-- pgx.ErrNoRows when the order already has a row.
+INSERT INTO order_confirmations (order_id, status, message_id, reason)
+VALUES (@order_id, 'cancelled', @message_id, nullif(@reason::text, ''))
+ON CONFLICT (order_id) DO NOTHING
+RETURNING order_id;
+
+-- name: OrderConfirmationGetStatus :one
+-- OrderConfirmationGetStatus returns the status of one order.
+SELECT status FROM order_confirmations WHERE order_id = @order_id;
