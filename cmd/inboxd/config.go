@@ -27,14 +27,14 @@ type config struct {
 	logFormat string
 	migrate   bool
 
-	queueType         string
-	ingestChannels    int
-	ingestBatchSize   int
-	ingestLinger      time.Duration
-	prefetch          int
-	maxMessageBytes   int
-	deriveMessageID   bool
-	amqpHeartbeat     time.Duration
+	queueType          string
+	ingestChannels     int
+	ingestBatchSize    int
+	ingestLinger       time.Duration
+	prefetch           int
+	maxMessageBytes    int
+	deriveMessageID    bool
+	amqpHeartbeat      time.Duration
 	ingestStoreTimeout time.Duration
 
 	workers          int
