@@ -1,0 +1,302 @@
+package inbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/orderconfirm/inboxd/internal/dbsqlc"
+	"github.com/orderconfirm/inboxd/internal/inbox"
+	"github.com/orderconfirm/inboxd/internal/testenv"
+)
+
+// effectHandler records each handled message in the effects table (unique
+// per message id) inside the worker's transaction, and fails, panics or
+// breaks the transaction for the message ids it is told to.
+type effectHandler struct {
+	failing   map[string]error // message id → error outcome
+	breaking  map[string]bool  // message id → run an SQL statement that fails
+	panicking map[string]bool
+
+	mu       sync.Mutex
+	inFlight map[string]bool
+	overlaps []string
+	calls    map[string]int
+}
+
+func newEffectHandler() *effectHandler {
+	return &effectHandler{
+		failing: map[string]error{}, breaking: map[string]bool{}, panicking: map[string]bool{},
+		inFlight: map[string]bool{}, calls: map[string]int{},
+	}
+}
+
+func (h *effectHandler) HandleBatch(ctx context.Context, tx pgx.Tx, msgs []inbox.Message) ([]inbox.Outcome, error) {
+	h.enter(msgs)
+	defer h.leave(msgs)
+	out := make([]inbox.Outcome, len(msgs))
+	for i, m := range msgs {
+		switch {
+		case h.panicking[m.MessageID]:
+			panic("handler bug for " + m.MessageID)
+		case h.breaking[m.MessageID]:
+			if _, err := tx.Exec(ctx, "SELECT 1/0"); err != nil {
+				return nil, err
+			}
+		case h.failing[m.MessageID] != nil:
+			out[i].Err = h.failing[m.MessageID]
+			continue
+		}
+		if _, err := tx.Exec(ctx, "INSERT INTO effects (message_id) VALUES ($1)", m.MessageID); err != nil {
+			return nil, err
+		}
+		out[i].Result = "done"
+	}
+	return out, nil
+}
+
+func (h *effectHandler) enter(msgs []inbox.Message) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, m := range msgs {
+		if h.inFlight[m.MessageID] {
+			h.overlaps = append(h.overlaps, m.MessageID)
+		}
+		h.inFlight[m.MessageID] = true
+		h.calls[m.MessageID]++
+	}
+}
+
+func (h *effectHandler) leave(msgs []inbox.Message) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, m := range msgs {
+		delete(h.inFlight, m.MessageID)
+	}
+}
+
+type workerBundle struct {
+	db      *testenv.DB
+	handler *effectHandler
+}
+
+func setupWorker(t *testing.T) *workerBundle {
+	t.Helper()
+	db := testenv.NewDB(t)
+	_, err := db.Pool.Exec(t.Context(), "CREATE TABLE effects (message_id text PRIMARY KEY, at timestamptz NOT NULL DEFAULT now())")
+	require.NoError(t, err)
+	return &workerBundle{db: db, handler: newEffectHandler()}
+}
+
+func (b *workerBundle) newWorker(t *testing.T, pool *pgxpool.Pool, cfg inbox.WorkerConfig) *inbox.Worker {
+	t.Helper()
+	cfg.Handler = b.handler
+	cfg.Logger = testenv.Logger(t)
+	w, err := inbox.NewWorker(pool, &cfg)
+	require.NoError(t, err)
+	return w
+}
+
+// insertMessages stores messages m-0 … m-(n-1) directly, as ingest would.
+func insertMessages(t *testing.T, pool *pgxpool.Pool, n int) {
+	t.Helper()
+	p := dbsqlc.InboxInsertManyParams{}
+	for i := range n {
+		p.MessageIds = append(p.MessageIds, fmt.Sprintf("m-%d", i))
+		p.MessageTypes = append(p.MessageTypes, "test")
+		p.RoutingKeys = append(p.RoutingKeys, "test")
+		p.Payloads = append(p.Payloads, []byte(`{}`))
+	}
+	ids, err := dbsqlc.New().InboxInsertMany(t.Context(), pool, p)
+	require.NoError(t, err)
+	require.Len(t, ids, n)
+}
+
+type inboxRow struct {
+	Status     string
+	Attempts   int
+	LastError  *string
+	Result     *string
+	Processed  bool
+	NextDueInF float64
+}
+
+func readRow(t *testing.T, pool *pgxpool.Pool, messageID string) inboxRow {
+	t.Helper()
+	var r inboxRow
+	err := pool.QueryRow(t.Context(), `
+		SELECT status, attempts, last_error, result, processed_at IS NOT NULL,
+		       extract(epoch FROM next_attempt_at - now())::float8
+		FROM inbox WHERE message_id = $1`, messageID).
+		Scan(&r.Status, &r.Attempts, &r.LastError, &r.Result, &r.Processed, &r.NextDueInF)
+	require.NoError(t, err)
+	return r
+}
+
+func countEffects(t *testing.T, pool *pgxpool.Pool) int {
+	t.Helper()
+	var n int
+	require.NoError(t, pool.QueryRow(t.Context(), "SELECT count(*) FROM effects").Scan(&n))
+	return n
+}
+
+func TestWorker(t *testing.T) {
+	t.Parallel()
+
+	t.Run("ProcessesABatchInOneTransaction", func(t *testing.T) {
+		t.Parallel()
+		b := setupWorker(t)
+		insertMessages(t, b.db.Pool, 10)
+		w := b.newWorker(t, b.db.Pool, inbox.WorkerConfig{BatchSize: 100})
+
+		n, err := w.RunOnce(t.Context())
+		require.NoError(t, err)
+		require.Equal(t, 10, n)
+		require.Equal(t, 10, countEffects(t, b.db.Pool))
+		r := readRow(t, b.db.Pool, "m-3")
+		require.Equal(t, inbox.StatusProcessed, r.Status)
+		require.Equal(t, 1, r.Attempts)
+		require.True(t, r.Processed)
+		require.Equal(t, "done", *r.Result)
+
+		n, err = w.RunOnce(t.Context())
+		require.NoError(t, err)
+		require.Zero(t, n, "processed rows are never claimed again")
+	})
+
+	t.Run("OneBadMessageDoesNotUndoTheOthers", func(t *testing.T) {
+		t.Parallel()
+		b := setupWorker(t)
+		insertMessages(t, b.db.Pool, 20)
+		b.handler.breaking["m-7"] = true // aborts the transaction: forces per-message savepoints
+		b.handler.failing["m-12"] = inbox.Permanentf("bad payload")
+		w := b.newWorker(t, b.db.Pool, inbox.WorkerConfig{BatchSize: 100, RetryBase: time.Hour, RetryMax: time.Hour})
+
+		n, err := w.RunOnce(t.Context())
+		require.NoError(t, err)
+		require.Equal(t, 20, n)
+
+		require.Equal(t, 18, countEffects(t, b.db.Pool), "every good message committed its effect once")
+		broken := readRow(t, b.db.Pool, "m-7")
+		require.Equal(t, inbox.StatusPending, broken.Status)
+		require.Equal(t, 1, broken.Attempts)
+		require.Contains(t, *broken.LastError, "division by zero")
+		require.Greater(t, broken.NextDueInF, 60.0, "retried later, not at once")
+		dead := readRow(t, b.db.Pool, "m-12")
+		require.Equal(t, inbox.StatusDead, dead.Status)
+		require.Equal(t, "bad payload", *dead.LastError)
+		require.Equal(t, inbox.StatusProcessed, readRow(t, b.db.Pool, "m-8").Status)
+	})
+
+	t.Run("RetriesThenDeadAfterMaxAttempts", func(t *testing.T) {
+		t.Parallel()
+		b := setupWorker(t)
+		insertMessages(t, b.db.Pool, 2)
+		b.handler.failing["m-0"] = errors.New("downstream unavailable")
+		w := b.newWorker(t, b.db.Pool, inbox.WorkerConfig{MaxAttempts: 3, RetryBase: time.Millisecond, RetryMax: 2 * time.Millisecond})
+
+		require.Eventually(t, func() bool {
+			_, err := w.RunOnce(t.Context())
+			require.NoError(t, err)
+			return readRow(t, b.db.Pool, "m-0").Status == inbox.StatusDead
+		}, 10*time.Second, 5*time.Millisecond)
+		r := readRow(t, b.db.Pool, "m-0")
+		require.Equal(t, 3, r.Attempts)
+		require.Equal(t, "downstream unavailable", *r.LastError)
+		require.Equal(t, 3, b.handler.calls["m-0"])
+		require.Equal(t, inbox.StatusProcessed, readRow(t, b.db.Pool, "m-1").Status)
+		require.Equal(t, 1, countEffects(t, b.db.Pool))
+	})
+
+	t.Run("PanicIsAFailedAttempt", func(t *testing.T) {
+		t.Parallel()
+		b := setupWorker(t)
+		insertMessages(t, b.db.Pool, 3)
+		b.handler.panicking["m-1"] = true
+		w := b.newWorker(t, b.db.Pool, inbox.WorkerConfig{RetryBase: time.Hour, RetryMax: time.Hour})
+
+		_, err := w.RunOnce(t.Context())
+		require.NoError(t, err)
+		r := readRow(t, b.db.Pool, "m-1")
+		require.Equal(t, inbox.StatusPending, r.Status)
+		require.Contains(t, *r.LastError, "handler panicked")
+		require.Equal(t, 2, countEffects(t, b.db.Pool))
+	})
+
+	t.Run("WorkersNeverHandleTheSameRowAtOnce", func(t *testing.T) {
+		t.Parallel()
+		b := setupWorker(t)
+		const n = 3000
+		insertMessages(t, b.db.Pool, n)
+
+		// Two workers on pools of their own, as two processes would have.
+		var workers []*inbox.Worker
+		for range 2 {
+			pool, err := pgxpool.New(t.Context(), b.db.URL)
+			require.NoError(t, err)
+			t.Cleanup(pool.Close)
+			w := b.newWorker(t, pool, inbox.WorkerConfig{Concurrency: 4, BatchSize: 50, PollInterval: 10 * time.Millisecond})
+			require.NoError(t, w.Start(t.Context()))
+			workers = append(workers, w)
+		}
+		for _, w := range workers {
+			w.Notify()
+		}
+		require.Eventually(t, func() bool { return countEffects(t, b.db.Pool) == n }, 60*time.Second, 20*time.Millisecond)
+		for _, w := range workers {
+			w.Stop(t.Context())
+		}
+
+		b.handler.mu.Lock()
+		defer b.handler.mu.Unlock()
+		require.Empty(t, len(b.handler.overlaps), "messages handled by two workers at once, e.g. %v",
+			b.handler.overlaps[:min(10, len(b.handler.overlaps))])
+		require.Len(t, b.handler.calls, n)
+		for id, c := range b.handler.calls {
+			require.Equal(t, 1, c, "message %s handled %d times", id, c)
+		}
+		var multi int
+		require.NoError(t, b.db.Pool.QueryRow(t.Context(),
+			"SELECT count(*) FROM inbox WHERE attempts <> 1 OR status <> 'processed'").Scan(&multi))
+		require.Zero(t, multi)
+	})
+
+	t.Run("StopRollsBackWhenTheGraceEnds", func(t *testing.T) {
+		t.Parallel()
+		b := setupWorker(t)
+		insertMessages(t, b.db.Pool, 1)
+		block := make(chan struct{})
+		w, err := inbox.NewWorker(b.db.Pool, &inbox.WorkerConfig{
+			Logger: testenv.Logger(t),
+			Handler: handlerFunc(func(ctx context.Context, tx pgx.Tx, msgs []inbox.Message) ([]inbox.Outcome, error) {
+				close(block)
+				<-ctx.Done() // a handler stuck until cancelled
+				return nil, ctx.Err()
+			}),
+		})
+		require.NoError(t, err)
+		require.NoError(t, w.Start(t.Context()))
+		w.Notify()
+		<-block
+		stopCtx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+		defer cancel()
+		started := time.Now()
+		w.Stop(stopCtx)
+		require.Less(t, time.Since(started), 10*time.Second)
+		r := readRow(t, b.db.Pool, "m-0")
+		require.Equal(t, inbox.StatusPending, r.Status, "an unfinished message stays pending")
+	})
+}
+
+type handlerFunc func(ctx context.Context, tx pgx.Tx, msgs []inbox.Message) ([]inbox.Outcome, error)
+
+func (f handlerFunc) HandleBatch(ctx context.Context, tx pgx.Tx, msgs []inbox.Message) ([]inbox.Outcome, error) {
+	return f(ctx, tx, msgs)
+}

@@ -1,0 +1,194 @@
+// Package loadgen builds order workloads (with duplicates, re-sent ids and
+// cancellations) and publishes them to the orders exchange with publisher
+// confirms. Tests and the bench command share it.
+package loadgen
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/orderconfirm/inboxd/internal/inbox"
+	"github.com/orderconfirm/inboxd/internal/orders"
+)
+
+// Message is one message to publish.
+type Message struct {
+	MessageID  string
+	RoutingKey string
+	Body       []byte
+}
+
+// Spec describes a workload.
+type Spec struct {
+	// Orders is the number of distinct orders.
+	Orders int
+	// DuplicateRate is the fraction of messages published a second time
+	// under the same message id.
+	DuplicateRate float64
+	// ResendRate is the fraction of orders whose order.created is sent again
+	// under a new message id.
+	ResendRate float64
+	// CancelRate is the fraction of orders followed by an order.cancelled.
+	CancelRate float64
+	// Seed makes the workload reproducible.
+	Seed uint64
+	// Prefix starts every order and message id. Defaults to "o".
+	Prefix string
+}
+
+// Workload is a generated list of messages and what it should lead to.
+type Workload struct {
+	Messages []Message
+	// UniqueMessageIDs is the number of distinct message ids.
+	UniqueMessageIDs int
+	// Cancelled lists the orders that get an order.cancelled.
+	Cancelled map[string]bool
+	// OrderIDs lists every order.
+	OrderIDs []string
+}
+
+// Generate builds the workload of spec. A duplicate or re-sent message comes
+// a little after its original, as redeliveries do; a cancellation comes after
+// its order's order.created.
+func Generate(spec Spec) *Workload {
+	rng := rand.New(rand.NewPCG(spec.Seed, 0x1b0cd))
+	prefix := spec.Prefix
+	if prefix == "" {
+		prefix = "o"
+	}
+	w := &Workload{Cancelled: map[string]bool{}}
+	var extra []Message // duplicates, inserted later in the stream
+	for i := range spec.Orders {
+		orderID := fmt.Sprintf("%s-%06d", prefix, i)
+		w.OrderIDs = append(w.OrderIDs, orderID)
+		created := Message{
+			MessageID:  fmt.Sprintf("%s-created", orderID),
+			RoutingKey: orders.TypeOrderCreated,
+			Body:       OrderCreatedBody(orderID, 1+rng.IntN(3)),
+		}
+		w.Messages = append(w.Messages, created)
+		w.UniqueMessageIDs++
+		if rng.Float64() < spec.DuplicateRate {
+			extra = append(extra, created)
+		}
+		if rng.Float64() < spec.ResendRate {
+			resent := created
+			resent.MessageID = fmt.Sprintf("%s-created-resent", orderID)
+			w.Messages = append(w.Messages, resent)
+			w.UniqueMessageIDs++
+		}
+		if rng.Float64() < spec.CancelRate {
+			body, _ := json.Marshal(orders.OrderCancelled{OrderID: orderID, Reason: "customer request"})
+			cancel := Message{MessageID: orderID + "-cancelled", RoutingKey: orders.TypeOrderCancelled, Body: body}
+			w.Messages = append(w.Messages, cancel)
+			w.UniqueMessageIDs++
+			w.Cancelled[orderID] = true
+		}
+		// Release duplicates a few messages later.
+		for len(extra) > 0 && rng.IntN(3) == 0 {
+			w.Messages = append(w.Messages, extra[0])
+			extra = extra[1:]
+		}
+	}
+	w.Messages = append(w.Messages, extra...)
+	return w
+}
+
+// OrderCreatedBody returns a valid order.created body with n items.
+func OrderCreatedBody(orderID string, n int) []byte {
+	m := orders.OrderCreated{OrderID: orderID, UserID: "user-" + orderID, Email: orderID + "@example.com"}
+	for i := range n {
+		m.Items = append(m.Items, orders.Item{SKU: fmt.Sprintf("SKU-%d", i+1), Quantity: 1 + i})
+	}
+	b, _ := json.Marshal(m)
+	return b
+}
+
+// Publish publishes msgs to the orders exchange in order, as persistent
+// messages, and returns once the broker has confirmed every one. It keeps up
+// to window publishes unconfirmed at a time.
+func Publish(ctx context.Context, amqpURL string, msgs []Message, window int) error {
+	conn, err := amqp.Dial(amqpURL)
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	if err := ch.ExchangeDeclare(inbox.ExchangeOrders, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
+		return err
+	}
+	if err := ch.Confirm(false); err != nil {
+		return err
+	}
+	window = max(window, 1)
+	pending := make([]*amqp.DeferredConfirmation, 0, window)
+	wait := func() error {
+		for _, dc := range pending {
+			ok, err := dc.WaitContext(ctx)
+			if err != nil {
+				return err
+			}
+			if !ok {
+				return errors.New("broker nacked a publish")
+			}
+		}
+		pending = pending[:0]
+		return nil
+	}
+	for _, m := range msgs {
+		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, inbox.ExchangeOrders, m.RoutingKey, false, false, amqp.Publishing{
+			ContentType:  "application/json",
+			DeliveryMode: amqp.Persistent,
+			MessageId:    m.MessageID,
+			Body:         m.Body,
+		})
+		if err != nil {
+			return fmt.Errorf("publish: %w", err)
+		}
+		pending = append(pending, dc)
+		if len(pending) == window {
+			if err := wait(); err != nil {
+				return err
+			}
+		}
+	}
+	return wait()
+}
+
+// PublishParallel splits msgs into n contiguous parts and publishes each on
+// its own connection at once.
+func PublishParallel(ctx context.Context, amqpURL string, msgs []Message, n, window int) error {
+	n = max(1, min(n, len(msgs)))
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	for i := range n {
+		part := msgs[i*len(msgs)/n : (i+1)*len(msgs)/n]
+		wg.Go(func() { errs[i] = Publish(ctx, amqpURL, part, window) })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// DeclareTopology declares the service's exchanges and queues, so that
+// messages published before the service first connects are not unroutable.
+func DeclareTopology(amqpURL, queueType string) error {
+	conn, err := amqp.Dial(amqpURL)
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return err
+	}
+	return inbox.DeclareTopology(ch, queueType)
+}

@@ -1,0 +1,238 @@
+// Package testenv gives tests real PostgreSQL and RabbitMQ servers, isolated
+// per test: each test gets a schema of its own (migrated) and a RabbitMQ
+// virtual host of its own, both removed when the test ends.
+//
+// The servers come from TEST_DATABASE_URL and TEST_AMQP_URL (CI and this
+// repository's .ci/run set them). When those are unset, the servers are
+// started once per test binary with testcontainers-go, which needs Docker.
+// The RabbitMQ management API, used to create virtual hosts, is found at
+// TEST_AMQP_ADMIN_URL, else on port 15672 of the AMQP host with the AMQP
+// URL's credentials.
+package testenv
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/orderconfirm/inboxd/internal/migrate"
+)
+
+// namePrefix starts the name of every schema and virtual host made here; the
+// creation time follows, so that leftovers of killed runs can be recognised
+// and removed.
+const namePrefix = "t_"
+
+// staleAfter is the age after which a leftover schema or virtual host is
+// removed by the next run.
+const staleAfter = 30 * time.Minute
+
+var (
+	servers     *serverSet
+	serversErr  error
+	serversOnce sync.Once
+)
+
+type serverSet struct {
+	databaseURL string
+	amqpURL     string
+	adminURL    string
+	stop        func()
+}
+
+func getServers(tb testing.TB) *serverSet {
+	tb.Helper()
+	serversOnce.Do(func() {
+		servers, serversErr = startServers(context.Background())
+		if serversErr == nil {
+			sweepStale(servers)
+		}
+	})
+	require.NoError(tb, serversErr, "start test servers")
+	return servers
+}
+
+func startServers(ctx context.Context) (*serverSet, error) {
+	s := &serverSet{
+		databaseURL: os.Getenv("TEST_DATABASE_URL"),
+		amqpURL:     os.Getenv("TEST_AMQP_URL"),
+		adminURL:    os.Getenv("TEST_AMQP_ADMIN_URL"),
+		stop:        func() {},
+	}
+	var stops []func()
+	if s.databaseURL == "" {
+		dbURL, stop, err := startPostgresContainer(ctx)
+		if err != nil {
+			return nil, err
+		}
+		s.databaseURL = dbURL
+		stops = append(stops, stop)
+	}
+	if s.amqpURL == "" {
+		amqpURL, adminURL, stop, err := startRabbitMQContainer(ctx)
+		if err != nil {
+			return nil, err
+		}
+		s.amqpURL, s.adminURL = amqpURL, adminURL
+		stops = append(stops, stop)
+	}
+	if s.adminURL == "" {
+		u, err := url.Parse(s.amqpURL)
+		if err != nil {
+			return nil, fmt.Errorf("parse TEST_AMQP_URL: %w", err)
+		}
+		admin := &url.URL{Scheme: "http", User: u.User, Host: u.Hostname() + ":15672"}
+		s.adminURL = admin.String()
+	}
+	s.stop = func() {
+		for _, stop := range stops {
+			stop()
+		}
+	}
+	return s, nil
+}
+
+// Stop terminates the containers this package started, if any. TestMain
+// functions call it after m.Run; Ryuk removes them anyway if the process
+// dies first.
+func Stop() {
+	adminClient.CloseIdleConnections()
+	if servers != nil {
+		servers.stop()
+	}
+}
+
+// uniqueName returns namePrefix + creation time + random suffix.
+func uniqueName() string {
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	return fmt.Sprintf("%s%d_%s", namePrefix, time.Now().Unix(), hex.EncodeToString(b[:]))
+}
+
+// isStale reports whether name was made by uniqueName more than staleAfter ago.
+func isStale(name string) bool {
+	rest, ok := strings.CutPrefix(name, namePrefix)
+	if !ok {
+		return false
+	}
+	ts, _, ok := strings.Cut(rest, "_")
+	if !ok {
+		return false
+	}
+	sec, err := strconv.ParseInt(ts, 10, 64)
+	return err == nil && time.Since(time.Unix(sec, 0)) > staleAfter
+}
+
+// DB is a migrated schema of its own for one test.
+type DB struct {
+	// Schema is the schema's name.
+	Schema string
+	// URL connects to the schema (it sets search_path).
+	URL string
+	// Pool is a pool on URL, closed when the test ends.
+	Pool *pgxpool.Pool
+}
+
+// NewDB creates a schema, applies the migrations to it and drops it when
+// the test ends.
+func NewDB(tb testing.TB) *DB {
+	tb.Helper()
+	s := getServers(tb)
+	ctx := context.WithoutCancel(tb.Context())
+	schema := uniqueName()
+
+	admin, err := pgx.Connect(ctx, s.databaseURL)
+	require.NoError(tb, err)
+	defer func() { _ = admin.Close(ctx) }()
+	_, err = admin.Exec(ctx, "CREATE SCHEMA "+schema)
+	require.NoError(tb, err)
+	tb.Cleanup(func() { dropSchema(s.databaseURL, schema) })
+
+	dbURL, err := withQuery(s.databaseURL, "search_path", schema)
+	require.NoError(tb, err)
+	connConfig, err := pgx.ParseConfig(dbURL)
+	require.NoError(tb, err)
+	_, err = migrate.Up(ctx, connConfig, discardLogger())
+	require.NoError(tb, err)
+
+	pool, err := pgxpool.New(ctx, dbURL)
+	require.NoError(tb, err)
+	tb.Cleanup(pool.Close)
+	return &DB{Schema: schema, URL: dbURL, Pool: pool}
+}
+
+func dropSchema(databaseURL, schema string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, databaseURL)
+	if err != nil {
+		return
+	}
+	defer func() { _ = conn.Close(ctx) }()
+	_, _ = conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+schema+" CASCADE")
+}
+
+// withQuery sets one query parameter of a connection URL.
+func withQuery(rawURL, key, value string) (string, error) {
+	u, err := url.Parse(rawURL)
+	if err != nil {
+		return "", fmt.Errorf("parse database URL: %w", err)
+	}
+	q := u.Query()
+	q.Set(key, value)
+	u.RawQuery = q.Encode()
+	return u.String(), nil
+}
+
+// sweepStale removes schemas and virtual hosts left behind by runs that were
+// killed before their cleanups ran.
+func sweepStale(s *serverSet) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if conn, err := pgx.Connect(ctx, s.databaseURL); err == nil {
+		rows, err := conn.Query(ctx, "SELECT nspname FROM pg_namespace WHERE nspname LIKE 't\\_%'")
+		if err == nil {
+			names, _ := pgx.CollectRows(rows, pgx.RowTo[string])
+			for _, n := range names {
+				if isStale(n) {
+					_, _ = conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+n+" CASCADE")
+				}
+			}
+		}
+		_ = conn.Close(ctx)
+	}
+	if names, err := listVhosts(ctx, s.adminURL); err == nil {
+		for _, n := range names {
+			if isStale(n) {
+				_ = deleteVhost(ctx, s.adminURL, n)
+			}
+		}
+	}
+}
+
+// Logger returns a logger that writes through t.Log, so a test's logs show
+// only when it fails or runs with -v.
+func Logger(tb testing.TB) *slog.Logger {
+	return slog.New(slog.NewTextHandler(tbWriter{tb}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+}
+
+type tbWriter struct{ tb testing.TB }
+
+func (w tbWriter) Write(p []byte) (int, error) {
+	w.tb.Helper()
+	w.tb.Log(strings.TrimRight(string(p), "\n"))
+	return len(p), nil
+}
