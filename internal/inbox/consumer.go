@@ -281,7 +281,7 @@ func (c *Consumer) consume(sessCtx, workCtx context.Context, conn *amqp.Connecti
 	c.consuming.Add(1)
 	defer c.consuming.Add(-1)
 
-	b := &batch{consumer: c, ch: ch, dlch: dlch}
+	b := &batch{consumer: c, ch: ch, dlch: dlch, stopping: sessCtx.Done()}
 	linger := time.NewTimer(time.Hour)
 	linger.Stop()
 	defer linger.Stop()
@@ -349,6 +349,9 @@ type batch struct {
 	ch         *amqp.Channel
 	dlch       *amqp.Channel
 	deliveries []amqp.Delivery
+	// stopping is closed when the session ends: a failing store is then not
+	// retried, and its deliveries go back to the queue.
+	stopping <-chan struct{}
 }
 
 func (b *batch) add(d amqp.Delivery) { b.deliveries = append(b.deliveries, d) }
@@ -387,7 +390,7 @@ func (b *batch) flush(ctx context.Context) error {
 		rows = append(rows, r)
 	}
 
-	inserted, dbRejects, err := c.storeUntilDone(ctx, b.ch, rows)
+	inserted, dbRejects, err := c.storeUntilDone(ctx, b, rows)
 	if err != nil {
 		return err
 	}
@@ -457,17 +460,23 @@ func validText(s string) bool {
 // storeUntilDone stores rows, retrying with backoff while the database is
 // unreachable: the deliveries stay unacknowledged and no more are taken from
 // this channel meanwhile, so ingest pauses instead of failing them. It gives
-// up when ctx ends or the channel closes (the broker then redelivers).
+// up when ctx ends, the session stops or the channel closes (the broker then
+// redelivers).
 //
 // It returns the number of rows inserted, and the indexes of rows that the
 // database refused as data (never retried; they are dead-lettered).
-func (c *Consumer) storeUntilDone(ctx context.Context, ch *amqp.Channel, rows []row) (int, []int, error) {
+func (c *Consumer) storeUntilDone(ctx context.Context, b *batch, rows []row) (int, []int, error) {
 	for attempt := 1; ; attempt++ {
 		inserted, rejects, err := c.store(ctx, rows)
 		if err == nil {
 			return inserted, rejects, nil
 		}
-		if ctx.Err() != nil || ch.IsClosed() {
+		select {
+		case <-b.stopping:
+			return 0, nil, fmt.Errorf("store batch: %w", err)
+		default:
+		}
+		if ctx.Err() != nil || b.ch.IsClosed() {
 			return 0, nil, fmt.Errorf("store batch: %w", err)
 		}
 		delay := backoff(attempt, 100*time.Millisecond, 5*time.Second)

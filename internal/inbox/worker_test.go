@@ -256,7 +256,7 @@ func TestWorker(t *testing.T) {
 
 		b.handler.mu.Lock()
 		defer b.handler.mu.Unlock()
-		require.Empty(t, len(b.handler.overlaps), "messages handled by two workers at once, e.g. %v",
+		require.Zero(t, len(b.handler.overlaps), "messages handled by two workers at once, e.g. %v",
 			b.handler.overlaps[:min(10, len(b.handler.overlaps))])
 		require.Len(t, b.handler.calls, n)
 		for id, c := range b.handler.calls {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -61,19 +62,37 @@ func (b *Broker) QueueMessages(tb testing.TB, queue string) int {
 }
 
 // CloseConnections closes, from the broker's side, every client connection
-// to the virtual host, as an operator or a broker restart would. It returns
-// how many it closed.
-func (b *Broker) CloseConnections(tb testing.TB) int {
+// to the virtual host whose name contains nameContains, as an operator or a
+// broker restart would. The management API learns of new connections only
+// every few seconds, so it waits up to 30 seconds for at least one to show.
+// It returns how many it closed.
+func (b *Broker) CloseConnections(tb testing.TB, nameContains string) int {
 	tb.Helper()
-	var conns []struct {
-		Name string `json:"name"`
+	type connection struct {
+		Name           string `json:"name"`
+		ClientProperty struct {
+			ConnectionName string `json:"connection_name"`
+		} `json:"client_properties"`
 	}
-	err := adminDo(tb.Context(), b.adminURL, http.MethodGet, "/api/vhosts/"+url.PathEscape(b.Vhost)+"/connections", nil, &conns)
-	require.NoError(tb, err)
-	for _, c := range conns {
+	var matching []connection
+	deadline := time.Now().Add(30 * time.Second)
+	for len(matching) == 0 && time.Now().Before(deadline) {
+		var conns []connection
+		err := adminDo(tb.Context(), b.adminURL, http.MethodGet, "/api/vhosts/"+url.PathEscape(b.Vhost)+"/connections", nil, &conns)
+		require.NoError(tb, err)
+		for _, c := range conns {
+			if strings.Contains(c.ClientProperty.ConnectionName, nameContains) {
+				matching = append(matching, c)
+			}
+		}
+		if len(matching) == 0 {
+			time.Sleep(250 * time.Millisecond)
+		}
+	}
+	for _, c := range matching {
 		_ = adminDo(tb.Context(), b.adminURL, http.MethodDelete, "/api/connections/"+url.PathEscape(c.Name), nil, nil)
 	}
-	return len(conns)
+	return len(matching)
 }
 
 func listVhosts(ctx context.Context, adminURL string) ([]string, error) {

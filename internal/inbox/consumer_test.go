@@ -1,0 +1,203 @@
+package inbox_test
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/orderconfirm/inboxd/internal/inbox"
+	"github.com/orderconfirm/inboxd/internal/loadgen"
+	"github.com/orderconfirm/inboxd/internal/testenv"
+)
+
+type consumerBundle struct {
+	db     *testenv.DB
+	broker *testenv.Broker
+}
+
+func setupConsumer(t *testing.T) *consumerBundle {
+	t.Helper()
+	b := &consumerBundle{db: testenv.NewDB(t), broker: testenv.NewBroker(t)}
+	require.NoError(t, loadgen.DeclareTopology(b.broker.URL, inbox.QueueTypeQuorum))
+	return b
+}
+
+// start runs a consumer until the test ends (or until the returned stop).
+func (b *consumerBundle) start(t *testing.T, cfg inbox.ConsumerConfig) (stop func()) {
+	t.Helper()
+	cfg.URL = b.broker.URL
+	cfg.Logger = testenv.Logger(t)
+	c, err := inbox.NewConsumer(b.db.Pool, &cfg)
+	require.NoError(t, err)
+	require.NoError(t, c.Start(t.Context()))
+	require.Eventually(t, c.Consuming, 10*time.Second, 10*time.Millisecond)
+	stopped := false
+	stop = func() {
+		if !stopped {
+			stopped = true
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(t.Context()), 10*time.Second)
+			defer cancel()
+			c.Stop(ctx)
+		}
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+func (b *consumerBundle) inboxCount(t *testing.T) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.db.Pool.QueryRow(context.WithoutCancel(t.Context()), "SELECT count(*) FROM inbox").Scan(&n))
+	return n
+}
+
+// readyMessages returns the exact number of messages in a queue that are
+// ready for delivery (not held unacknowledged by a consumer).
+func (b *consumerBundle) readyMessages(t *testing.T, queue string) int {
+	t.Helper()
+	conn, err := amqp.Dial(b.broker.URL)
+	require.NoError(t, err)
+	defer conn.Close()
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	require.NoError(t, err)
+	return q.Messages
+}
+
+func messages(prefix string, n int) []loadgen.Message {
+	msgs := make([]loadgen.Message, n)
+	for i := range msgs {
+		id := fmt.Sprintf("%s-%d", prefix, i)
+		msgs[i] = loadgen.Message{MessageID: id, RoutingKey: "order.created", Body: loadgen.OrderCreatedBody(id, 1)}
+	}
+	return msgs
+}
+
+func TestConsumer(t *testing.T) {
+	t.Parallel()
+
+	t.Run("StoresEachMessageOnceAndAcksIt", func(t *testing.T) {
+		t.Parallel()
+		b := setupConsumer(t)
+		stop := b.start(t, inbox.ConsumerConfig{BatchSize: 50, Channels: 1}) // one channel keeps arrival order
+		msgs := messages("m", 300)
+		msgs = append(msgs, msgs[:90]...) // redeliveries under the same ids
+		require.NoError(t, loadgen.Publish(t.Context(), b.broker.URL, msgs, 100))
+
+		require.Eventually(t, func() bool { return b.inboxCount(t) == 300 }, 20*time.Second, 20*time.Millisecond)
+		stop() // unacknowledged deliveries would return to the queue now
+		require.Zero(t, b.readyMessages(t, inbox.QueueInbox), "every delivery was acknowledged")
+		require.Equal(t, 300, b.inboxCount(t))
+
+		var first string
+		require.NoError(t, b.db.Pool.QueryRow(t.Context(),
+			"SELECT message_id FROM inbox ORDER BY id LIMIT 1").Scan(&first))
+		require.Equal(t, "m-0", first, "rows keep arrival order")
+	})
+
+	t.Run("DeadLettersWhatCannotBeStored", func(t *testing.T) {
+		t.Parallel()
+		b := setupConsumer(t)
+		b.start(t, inbox.ConsumerConfig{MaxMessageBytes: 1024})
+
+		conn, err := amqp.Dial(b.broker.URL)
+		require.NoError(t, err)
+		defer conn.Close()
+		ch, err := conn.Channel()
+		require.NoError(t, err)
+		require.NoError(t, ch.Confirm(false))
+		publish := func(p amqp.Publishing) {
+			p.DeliveryMode = amqp.Persistent
+			dc, err := ch.PublishWithDeferredConfirmWithContext(t.Context(), inbox.ExchangeOrders, "order.created", false, false, p)
+			require.NoError(t, err)
+			ok, err := dc.WaitContext(t.Context())
+			require.NoError(t, err)
+			require.True(t, ok)
+		}
+		publish(amqp.Publishing{Body: []byte(`{"orderId":"no-id"}`)})
+		publish(amqp.Publishing{MessageId: "too-big", Body: []byte(strings.Repeat("x", 1025))})
+		publish(amqp.Publishing{MessageId: "bad-\xff-id", Body: []byte(`{}`)})
+		publish(amqp.Publishing{MessageId: "nul-\x00-id", Body: []byte(`{}`)})
+		publish(amqp.Publishing{MessageId: "fine", Body: []byte(`{}`)})
+
+		dead, err := ch.Consume(inbox.QueueDead, "", true, false, false, false, nil)
+		require.NoError(t, err)
+		reasons := map[string]string{}
+		timeout := time.After(20 * time.Second)
+		for len(reasons) < 4 {
+			select {
+			case d := <-dead:
+				reason, _ := d.Headers[inbox.HeaderRejectReason].(string)
+				reasons[d.MessageId] = reason
+				require.Equal(t, inbox.ExchangeOrders, d.Headers[inbox.HeaderOriginalExchange])
+				require.Equal(t, "order.created", d.Headers[inbox.HeaderOriginalRoutingKey])
+				if d.MessageId == "too-big" {
+					require.Len(t, d.Body, 1025, "the body is kept")
+				}
+			case <-timeout:
+				t.Fatalf("only %d dead letters arrived: %v", len(reasons), reasons)
+			}
+		}
+		require.Equal(t, "missing message_id", reasons[""])
+		require.Contains(t, reasons["too-big"], "message too large: 1025 bytes")
+		require.Contains(t, reasons["bad-\xff-id"], "not valid UTF-8")
+		require.Contains(t, reasons["nul-\x00-id"], "not valid UTF-8")
+		require.Eventually(t, func() bool { return b.inboxCount(t) == 1 }, 10*time.Second, 20*time.Millisecond,
+			"ingest keeps storing after dead-lettering")
+	})
+
+	t.Run("DerivesAMissingMessageIDWhenAskedTo", func(t *testing.T) {
+		t.Parallel()
+		b := setupConsumer(t)
+		b.start(t, inbox.ConsumerConfig{DeriveMissingMessageID: true})
+		msgs := []loadgen.Message{
+			{RoutingKey: "order.created", Body: []byte(`{"orderId":"a"}`)},
+			{RoutingKey: "order.created", Body: []byte(`{"orderId":"a"}`)},
+			{RoutingKey: "order.created", Body: []byte(`{"orderId":"b"}`)},
+		}
+		require.NoError(t, loadgen.Publish(t.Context(), b.broker.URL, msgs, 10))
+		require.Eventually(t, func() bool { return b.inboxCount(t) == 2 }, 10*time.Second, 20*time.Millisecond)
+		var id string
+		require.NoError(t, b.db.Pool.QueryRow(t.Context(), "SELECT message_id FROM inbox ORDER BY id LIMIT 1").Scan(&id))
+		require.True(t, strings.HasPrefix(id, "sha256:"), id)
+	})
+
+	t.Run("NeverAcksAFailedInsert", func(t *testing.T) {
+		t.Parallel()
+		b := setupConsumer(t)
+		// Every insert fails while the table is renamed away.
+		_, err := b.db.Pool.Exec(t.Context(), "ALTER TABLE inbox RENAME TO inbox_away")
+		require.NoError(t, err)
+		stop := b.start(t, inbox.ConsumerConfig{BatchSize: 10, Prefetch: 50})
+		require.NoError(t, loadgen.Publish(t.Context(), b.broker.URL, messages("m", 50), 50))
+		require.Eventually(t, func() bool { return b.readyMessages(t, inbox.QueueInbox) == 0 }, 10*time.Second, 20*time.Millisecond,
+			"the consumer took the deliveries")
+		time.Sleep(200 * time.Millisecond) // let it fail and retry a few times
+		stop()
+		require.Equal(t, 50, b.readyMessages(t, inbox.QueueInbox), "nothing was acknowledged")
+
+		_, err = b.db.Pool.Exec(t.Context(), "ALTER TABLE inbox_away RENAME TO inbox")
+		require.NoError(t, err)
+		stop = b.start(t, inbox.ConsumerConfig{})
+		require.Eventually(t, func() bool { return b.inboxCount(t) == 50 }, 20*time.Second, 20*time.Millisecond)
+		stop()
+		require.Zero(t, b.readyMessages(t, inbox.QueueInbox))
+	})
+
+	t.Run("ReconnectsWhenTheBrokerClosesTheConnection", func(t *testing.T) {
+		t.Parallel()
+		b := setupConsumer(t)
+		b.start(t, inbox.ConsumerConfig{})
+		require.NoError(t, loadgen.Publish(t.Context(), b.broker.URL, messages("a", 100), 100))
+		require.Eventually(t, func() bool { return b.inboxCount(t) == 100 }, 20*time.Second, 20*time.Millisecond)
+		require.Positive(t, b.broker.CloseConnections(t, "inboxd ingest"))
+		require.NoError(t, loadgen.Publish(t.Context(), b.broker.URL, messages("b", 100), 100))
+		require.Eventually(t, func() bool { return b.inboxCount(t) == 200 }, 30*time.Second, 20*time.Millisecond)
+	})
+}
