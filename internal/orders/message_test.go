@@ -1,0 +1,96 @@
+package orders_test
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/orderconfirm/inboxd/internal/orders"
+)
+
+func TestDecodeOrderCreated(t *testing.T) {
+	t.Parallel()
+	valid := `{"orderId":"o-1","userId":"u-1","email":"a@example.com","items":[{"sku":"S","quantity":2}]}`
+
+	t.Run("Valid", func(t *testing.T) {
+		t.Parallel()
+		m, err := orders.DecodeOrderCreated([]byte(valid))
+		require.NoError(t, err)
+		require.Equal(t, orders.OrderCreated{OrderID: "o-1", UserID: "u-1", Email: "a@example.com",
+			Items: []orders.Item{{SKU: "S", Quantity: 2}}}, m)
+	})
+
+	t.Run("UnknownFieldsAreIgnored", func(t *testing.T) {
+		t.Parallel()
+		_, err := orders.DecodeOrderCreated([]byte(strings.Replace(valid, `{"orderId"`, `{"channel":"web","orderId"`, 1)))
+		require.NoError(t, err)
+	})
+
+	for name, tc := range map[string]struct{ payload, want string }{
+		"Empty":           {"", "empty body"},
+		"Whitespace":      {"  \n", "empty body"},
+		"NotJSON":         {"not json", "not a JSON object"},
+		"Truncated":       {valid[:20], "not a JSON object"},
+		"Array":           {"[1,2]", "not a JSON object"},
+		"WrongType":       {`{"orderId":42,"userId":"u","email":"a@b","items":[{"sku":"S","quantity":1}]}`, "not a JSON object"},
+		"TrailingData":    {valid + `{}`, "data after the JSON object"},
+		"MissingOrderID":  {`{"userId":"u","email":"a@b","items":[{"sku":"S","quantity":1}]}`, "orderId is missing"},
+		"NoItems":         {`{"orderId":"o","userId":"u","email":"a@b","items":[]}`, "items is missing or empty"},
+		"ZeroQuantity":    {`{"orderId":"o","userId":"u","email":"a@b","items":[{"sku":"S","quantity":0}]}`, "items[0].quantity must be at least 1"},
+		"BadEmail":        {`{"orderId":"o","userId":"u","email":"nope","items":[{"sku":"S","quantity":1}]}`, "email is not an address"},
+		"NULInOrderID":    {`{"orderId":"o\u0000","userId":"u","email":"a@b","items":[{"sku":"S","quantity":1}]}`, "orderId holds a NUL character"},
+		"LongOrderID":     {`{"orderId":"` + strings.Repeat("x", 256) + `","userId":"u","email":"a@b","items":[{"sku":"S","quantity":1}]}`, "longer than 255 bytes"},
+		"SeveralProblems": {`{"orderId":"o"}`, "userId is missing; email is missing; items is missing or empty"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			_, err := orders.DecodeOrderCreated([]byte(tc.payload))
+			require.ErrorIs(t, err, orders.ErrInvalidPayload)
+			require.ErrorContains(t, err, tc.want)
+		})
+	}
+}
+
+func TestDecodeOrderCancelled(t *testing.T) {
+	t.Parallel()
+	m, err := orders.DecodeOrderCancelled([]byte(`{"orderId":"o-1","reason":"changed mind"}`))
+	require.NoError(t, err)
+	require.Equal(t, orders.OrderCancelled{OrderID: "o-1", Reason: "changed mind"}, m)
+
+	_, err = orders.DecodeOrderCancelled([]byte(`{"reason":"x"}`))
+	require.ErrorContains(t, err, "orderId is missing")
+}
+
+// FuzzDecode checks that decoding never panics, and that whatever it accepts
+// satisfies the validation rules. `make test` runs the seed corpus; `make
+// fuzz` explores further.
+func FuzzDecode(f *testing.F) {
+	for _, seed := range []string{
+		`{"orderId":"o-1","userId":"u-1","email":"a@example.com","items":[{"sku":"S","quantity":2}]}`,
+		`{"orderId":"o-1","reason":"x"}`,
+		``, `null`, `[]`, `{}`, `{"orderId":null}`, "{\"orderId\":\"\x00\"}", `{"items":[{"quantity":-1}]}`,
+		`{"orderId":"a","userId":"b","email":"c@d","items":[{"sku":"e","quantity":1e30}]}`,
+		"\xff\xfe{}", `{"orderId":"\ud800"}`,
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, payload []byte) {
+		if m, err := orders.DecodeOrderCreated(payload); err == nil {
+			if m.OrderID == "" || m.UserID == "" || len(m.Items) == 0 {
+				t.Fatalf("accepted an incomplete order: %+v", m)
+			}
+			for _, it := range m.Items {
+				if it.Quantity < 1 || it.SKU == "" {
+					t.Fatalf("accepted a bad item: %+v", it)
+				}
+			}
+		} else if !errors.Is(err, orders.ErrInvalidPayload) {
+			t.Fatalf("error does not wrap ErrInvalidPayload: %v", err)
+		}
+		if m, err := orders.DecodeOrderCancelled(payload); err == nil && m.OrderID == "" {
+			t.Fatalf("accepted a cancellation without orderId")
+		}
+	})
+}
