@@ -15,6 +15,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/url"
 	"os"
@@ -228,6 +229,9 @@ func sweepStale(s *serverSet) {
 func Logger(tb testing.TB) *slog.Logger {
 	return slog.New(slog.NewTextHandler(tbWriter{tb}, &slog.HandlerOptions{Level: slog.LevelDebug}))
 }
+
+// LogWriter returns a writer that passes each write to t.Log.
+func LogWriter(tb testing.TB) io.Writer { return tbWriter{tb} }
 
 type tbWriter struct{ tb testing.TB }
 

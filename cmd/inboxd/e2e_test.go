@@ -1,0 +1,284 @@
+package main
+
+import (
+	"context"
+
+	"math/rand/v2"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/orderconfirm/inboxd/internal/inbox"
+	"github.com/orderconfirm/inboxd/internal/loadgen"
+	"github.com/orderconfirm/inboxd/internal/orders"
+	"github.com/orderconfirm/inboxd/internal/testenv"
+)
+
+type e2eBundle struct {
+	db     *testenv.DB
+	broker *testenv.Broker
+}
+
+func setup(t *testing.T) *e2eBundle {
+	t.Helper()
+	b := &e2eBundle{db: testenv.NewDB(t), broker: testenv.NewBroker(t)}
+	// Declared up front so that nothing published before inboxd connects
+	// is unroutable.
+	require.NoError(t, loadgen.DeclareTopology(b.broker.URL, inbox.QueueTypeQuorum))
+	return b
+}
+
+func (b *e2eBundle) count(t *testing.T, query string, args ...any) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.db.Pool.QueryRow(context.WithoutCancel(t.Context()), query, args...).Scan(&n))
+	return n
+}
+
+// waitDrained waits until every one of want unique messages is in the inbox
+// and none is pending.
+func (b *e2eBundle) waitDrained(t *testing.T, want int, timeout time.Duration) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		return b.count(t, "SELECT count(*) FROM inbox WHERE status <> 'pending'") >= want
+	}, timeout, 50*time.Millisecond, "inbox never drained to %d handled messages", want)
+}
+
+// requireExactlyOnce checks the invariants after a workload without
+// cancellations: one inbox row per unique message id, all processed, and one
+// confirmation per order, made by exactly one message.
+func (b *e2eBundle) requireExactlyOnce(t *testing.T, w *loadgen.Workload) {
+	t.Helper()
+	require.Equal(t, w.UniqueMessageIDs, b.count(t, "SELECT count(*) FROM inbox"), "one inbox row per unique message id")
+	require.Equal(t, w.UniqueMessageIDs, b.count(t, "SELECT count(DISTINCT message_id) FROM inbox"))
+	require.Equal(t, w.UniqueMessageIDs, b.count(t, "SELECT count(*) FROM inbox WHERE status = 'processed'"), "every message processed")
+	require.Equal(t, len(w.OrderIDs), b.count(t, "SELECT count(*) FROM order_confirmations"), "one confirmation per order")
+	require.Equal(t, len(w.OrderIDs), b.count(t, "SELECT count(*) FROM order_confirmations WHERE status = 'confirmed'"))
+	require.Equal(t, len(w.OrderIDs), b.count(t, "SELECT count(*) FROM inbox WHERE result = $1", orders.ResultConfirmed),
+		"exactly one message confirmed each order")
+	require.Zero(t, b.count(t, `
+		SELECT count(*) FROM order_confirmations c
+		LEFT JOIN inbox i ON i.message_id = c.message_id AND i.result = $1
+		WHERE i.id IS NULL`, orders.ResultConfirmed), "each confirmation names the message that made it")
+}
+
+// Acceptance: 1,000 orders, 30% re-published under the same message id and
+// 5% re-sent under a new one, give exactly 1,000 confirmations.
+func TestExactlyOnceUnderRedelivery(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	runInProcess(t, serviceEnv(b.db, b.broker))
+
+	w := loadgen.Generate(loadgen.Spec{Orders: 1000, DuplicateRate: 0.3, ResendRate: 0.05, Seed: 1})
+	require.Greater(t, len(w.Messages), 1300)
+	require.NoError(t, loadgen.PublishParallel(t.Context(), b.broker.URL, w.Messages, 2, 200))
+
+	b.waitDrained(t, w.UniqueMessageIDs, 60*time.Second)
+	b.requireExactlyOnce(t, w)
+	require.Zero(t, b.count(t, "SELECT count(*) FROM inbox WHERE attempts <> 1"), "nothing was handled twice")
+}
+
+// Acceptance: the same while inboxd is killed with SIGKILL and restarted,
+// at random moments, at least three times.
+func TestExactlyOnceAcrossSIGKILL(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	env := serviceEnv(b.db, b.broker, "INBOX_WORKER_BATCH_SIZE=20", "INBOX_INGEST_BATCH_SIZE=50")
+	w := loadgen.Generate(loadgen.Spec{Orders: 1000, DuplicateRate: 0.3, ResendRate: 0.05, Seed: 2})
+
+	published := make(chan error, 1)
+	go func() {
+		// Publish in slices, so the kills land while messages still arrive.
+		var err error
+		for i := 0; i < len(w.Messages) && err == nil; i += 100 {
+			err = loadgen.Publish(t.Context(), b.broker.URL, w.Messages[i:min(i+100, len(w.Messages))], 100)
+			time.Sleep(30 * time.Millisecond)
+		}
+		published <- err
+	}()
+
+	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 7))
+	kills := 0
+	for ; kills < 4; kills++ {
+		p := startProcess(t, env)
+		before := b.count(t, "SELECT count(*) FROM inbox WHERE status = 'processed'")
+		// Kill once it has done some work, after a random extra delay.
+		require.Eventually(t, func() bool {
+			return b.count(t, "SELECT count(*) FROM inbox WHERE status = 'processed'") > before
+		}, 30*time.Second, 5*time.Millisecond)
+		time.Sleep(time.Duration(rng.IntN(150)) * time.Millisecond)
+		p.kill()
+	}
+	require.NoError(t, <-published)
+	startProcess(t, env)
+	b.waitDrained(t, w.UniqueMessageIDs, 90*time.Second)
+	b.requireExactlyOnce(t, w)
+	t.Logf("killed inboxd %d times; %d unique messages, %d published", kills, w.UniqueMessageIDs, len(w.Messages))
+}
+
+// Acceptance: two inboxd processes share the inbox and never handle the
+// same row: every row is processed after exactly one attempt.
+func TestTwoProcessesShareTheInbox(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	env := serviceEnv(b.db, b.broker, "INBOX_WORKER_BATCH_SIZE=10", "INBOX_WORKERS=3")
+	startProcess(t, env)
+	startProcess(t, env)
+
+	w := loadgen.Generate(loadgen.Spec{Orders: 2000, DuplicateRate: 0.3, ResendRate: 0.05, Seed: 3})
+	require.NoError(t, loadgen.PublishParallel(t.Context(), b.broker.URL, w.Messages, 2, 200))
+	b.waitDrained(t, w.UniqueMessageIDs, 90*time.Second)
+	b.requireExactlyOnce(t, w)
+	require.Zero(t, b.count(t, "SELECT count(*) FROM inbox WHERE attempts <> 1"), "no row was handled twice")
+}
+
+// Acceptance: a message without id, one over the size limit and one with
+// invalid JSON each end dead-lettered or dead with a reason, and the service
+// keeps consuming.
+func TestMalformedInputEndsDeadWithAReason(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	p := startProcess(t, serviceEnv(b.db, b.broker))
+
+	conn, err := amqp.Dial(b.broker.URL)
+	require.NoError(t, err)
+	defer conn.Close()
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	require.NoError(t, ch.Confirm(false))
+	publish := func(key string, p amqp.Publishing) {
+		t.Helper()
+		p.DeliveryMode = amqp.Persistent
+		dc, err := ch.PublishWithDeferredConfirmWithContext(t.Context(), inbox.ExchangeOrders, key, false, false, p)
+		require.NoError(t, err)
+		ok, err := dc.WaitContext(t.Context())
+		require.NoError(t, err)
+		require.True(t, ok)
+	}
+	publish("order.created", amqp.Publishing{Body: loadgen.OrderCreatedBody("o-noid", 1)})
+	publish("order.created", amqp.Publishing{MessageId: "huge", Body: []byte(`{"orderId":"` + strings.Repeat("x", 1<<20) + `"}`)})
+	publish("order.created", amqp.Publishing{MessageId: "bad-json", Body: []byte(`{"orderId": "o-1", `)})
+	publish("order.created", amqp.Publishing{MessageId: "nul", Body: []byte("{\"orderId\":\"o-\x00\"}")})
+	publish("order.cancelled", amqp.Publishing{MessageId: "wrong-type", Body: []byte(`{"orderId": 7}`)})
+	publish("order.created", amqp.Publishing{MessageId: "good", Body: loadgen.OrderCreatedBody("o-good", 1)})
+
+	b.waitDrained(t, 4, 30*time.Second)
+	require.Equal(t, "processed", b.status(t, "good"), "the service kept consuming")
+	for _, id := range []string{"bad-json", "nul", "wrong-type"} {
+		require.Equal(t, "dead", b.status(t, id), id)
+	}
+	var lastError string
+	require.NoError(t, b.db.Pool.QueryRow(t.Context(), "SELECT last_error FROM inbox_dead WHERE message_id = 'bad-json'").Scan(&lastError))
+	require.Contains(t, lastError, "invalid payload: not a JSON object")
+
+	dead, err := ch.Consume(inbox.QueueDead, "", true, false, false, false, nil)
+	require.NoError(t, err)
+	reasons := map[string]string{}
+	for len(reasons) < 2 {
+		select {
+		case d := <-dead:
+			reasons[d.MessageId], _ = d.Headers[inbox.HeaderRejectReason].(string)
+		case <-time.After(20 * time.Second):
+			t.Fatalf("dead letters: %v", reasons)
+		}
+	}
+	require.Equal(t, "missing message_id", reasons[""])
+	require.Contains(t, reasons["huge"], "message too large")
+	require.True(t, p.logContains(`"msg":"delivery dead-lettered"`))
+}
+
+func (b *e2eBundle) status(t *testing.T, messageID string) string {
+	t.Helper()
+	var s string
+	require.NoError(t, b.db.Pool.QueryRow(t.Context(), "SELECT status FROM inbox WHERE message_id = $1", messageID).Scan(&s))
+	return s
+}
+
+// SIGTERM under load: inboxd exits within its grace period, and everything
+// published is processed once it runs again.
+func TestGracefulStopUnderLoad(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	env := serviceEnv(b.db, b.broker, "INBOX_SHUTDOWN_TIMEOUT=5s")
+	p := startProcess(t, env)
+	w := loadgen.Generate(loadgen.Spec{Orders: 3000, DuplicateRate: 0.1, Seed: 4})
+	published := make(chan error, 1)
+	go func() { published <- loadgen.Publish(t.Context(), b.broker.URL, w.Messages, 200) }()
+	require.Eventually(t, func() bool {
+		return b.count(t, "SELECT count(*) FROM inbox WHERE status = 'processed'") > 200
+	}, 30*time.Second, 5*time.Millisecond)
+	took := p.terminate(15 * time.Second)
+	require.Less(t, took, 6*time.Second, "exits within the grace period")
+	require.True(t, p.logContains(`"msg":"stopped"`))
+	require.NoError(t, <-published)
+
+	startProcess(t, env)
+	b.waitDrained(t, w.UniqueMessageIDs, 60*time.Second)
+	b.requireExactlyOnce(t, w)
+	t.Logf("stopped in %s", took)
+}
+
+func TestMain_ConfigurationErrors(t *testing.T) {
+	t.Parallel()
+	base := map[string]string{
+		"DATABASE_URL": "postgres://inbox:s3cr3t-pw@127.0.0.1:5432/inbox",
+		"AMQP_URL":     "amqp://guest:an0ther-pw@127.0.0.1:5672/",
+	}
+	for name, tc := range map[string]struct {
+		override map[string]string
+		want     string
+	}{
+		"MissingDatabaseURL":  {map[string]string{"DATABASE_URL": ""}, "DATABASE_URL is required"},
+		"BadDatabaseURL":      {map[string]string{"DATABASE_URL": "postgres://inbox:s3cr3t-pw@[::1"}, "DATABASE_URL is invalid"},
+		"BadAMQPURL":          {map[string]string{"AMQP_URL": "http://guest:an0ther-pw@host/"}, "AMQP_URL is invalid"},
+		"BadWorkers":          {map[string]string{"INBOX_WORKERS": "zero"}, `INBOX_WORKERS is invalid: "zero": not an integer`},
+		"WorkersOutOfRange":   {map[string]string{"INBOX_WORKERS": "0"}, "INBOX_WORKERS is invalid"},
+		"BadDuration":         {map[string]string{"INBOX_INGEST_LINGER": "5"}, "INBOX_INGEST_LINGER is invalid"},
+		"BadQueueType":        {map[string]string{"INBOX_QUEUE_TYPE": "stream"}, "must be one of quorum, classic"},
+		"RetryMaxBelowBase":   {map[string]string{"INBOX_RETRY_BASE": "10s", "INBOX_RETRY_MAX": "1s"}, "INBOX_RETRY_MAX is invalid"},
+		"BadHTTPAddr":         {map[string]string{"HTTP_ADDR": "8080"}, "HTTP_ADDR is invalid"},
+		"BadMigrateFlag":      {map[string]string{"INBOX_MIGRATE": "maybe"}, "INBOX_MIGRATE is invalid"},
+		"BadMaxMessageBytes":  {map[string]string{"INBOX_MAX_MESSAGE_BYTES": "-1"}, "INBOX_MAX_MESSAGE_BYTES is invalid"},
+		"BadLogLevel":         {map[string]string{"INBOX_LOG_LEVEL": "loud"}, "INBOX_LOG_LEVEL is invalid"},
+		"BadDeriveMessageIDs": {map[string]string{"INBOX_DERIVE_MISSING_MESSAGE_ID": "yes please"}, "INBOX_DERIVE_MISSING_MESSAGE_ID is invalid"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			env := []string{}
+			for k, v := range base {
+				if o, ok := tc.override[k]; ok {
+					v = o
+				}
+				env = append(env, k+"="+v)
+			}
+			for k, v := range tc.override {
+				if _, ok := base[k]; !ok {
+					env = append(env, k+"="+v)
+				}
+			}
+			cmd := exec.Command(inboxdPath, "serve")
+			cmd.Env = env
+			out, err := cmd.CombinedOutput()
+			require.Error(t, err, "a bad configuration fails at start")
+			text := strings.TrimRight(string(out), "\n")
+			require.NotContains(t, text, "\n", "one line")
+			require.Contains(t, text, tc.want)
+			require.NotContains(t, text, "s3cr3t-pw")
+			require.NotContains(t, text, "an0ther-pw")
+		})
+	}
+}
+
+func TestMain_Help(t *testing.T) {
+	t.Parallel()
+	var out strings.Builder
+	require.NoError(t, run(t.Context(), []string{"help"}, func(string) string { return "" }, &out, &out))
+	for _, s := range (&config{}).settings() {
+		require.Contains(t, out.String(), s.name)
+	}
+	require.ErrorIs(t, run(t.Context(), []string{"frobnicate"}, func(string) string { return "" }, &out, &out), errUsage)
+}
