@@ -4,19 +4,23 @@
 //
 // The servers come from TEST_DATABASE_URL and TEST_AMQP_URL (CI and this
 // repository's .ci/run set them). When those are unset, the servers are
-// started once per test binary with testcontainers-go, which needs Docker.
+// started once per test binary with testcontainers-go; when no Docker engine
+// answers either, the local defaults (PostgreSQL on 127.0.0.1:5432 as user
+// postgres, RabbitMQ on 127.0.0.1:5672 as guest) are used.
 // The RabbitMQ management API, used to create virtual hosts, is found at
 // TEST_AMQP_ADMIN_URL, else on port 15672 of the AMQP host with the AMQP
 // URL's credentials.
 package testenv
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/url"
 	"os"
 	"strconv"
@@ -36,6 +40,12 @@ import (
 // creation time follows, so that leftovers of killed runs can be recognised
 // and removed.
 const namePrefix = "t_"
+
+// The servers used when neither the environment nor Docker provides them.
+const (
+	localDatabaseURL = "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"
+	localAMQPURL     = "amqp://guest:guest@127.0.0.1:5672/"
+)
 
 // staleAfter is the age after which a leftover schema or virtual host is
 // removed by the next run.
@@ -74,6 +84,20 @@ func startServers(ctx context.Context) (*serverSet, error) {
 		stop:        func() {},
 	}
 	var stops []func()
+	if (s.databaseURL == "" || s.amqpURL == "") && !dockerAvailable(ctx) {
+		// No Docker engine: use the services of a machine that runs them
+		// locally with their default settings, as this repository's CI does.
+		s.databaseURL = cmp.Or(s.databaseURL, localDatabaseURL)
+		s.amqpURL = cmp.Or(s.amqpURL, localAMQPURL)
+		for _, addr := range []string{"127.0.0.1:5432", "127.0.0.1:5672"} {
+			conn, err := net.DialTimeout("tcp", addr, 2*time.Second)
+			if err != nil {
+				return nil, fmt.Errorf("TEST_DATABASE_URL or TEST_AMQP_URL is unset, no Docker engine answers, and nothing listens on %s: "+
+					"start PostgreSQL and RabbitMQ (or Docker), or set TEST_DATABASE_URL and TEST_AMQP_URL", addr)
+			}
+			_ = conn.Close()
+		}
+	}
 	if s.databaseURL == "" {
 		dbURL, stop, err := startPostgresContainer(ctx)
 		if err != nil {
