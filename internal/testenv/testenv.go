@@ -34,6 +34,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/orderconfirm/inboxd/internal/migrate"
+	"github.com/orderconfirm/inboxd/internal/rabbitadmin"
 )
 
 // namePrefix starts the name of every schema and virtual host made here; the
@@ -61,6 +62,7 @@ type serverSet struct {
 	databaseURL string
 	amqpURL     string
 	adminURL    string
+	admin       *rabbitadmin.Client
 	stop        func()
 }
 
@@ -122,7 +124,13 @@ func startServers(ctx context.Context) (*serverSet, error) {
 		admin := &url.URL{Scheme: "http", User: u.User, Host: u.Hostname() + ":15672"}
 		s.adminURL = admin.String()
 	}
+	admin, err := rabbitadmin.New(s.adminURL)
+	if err != nil {
+		return nil, err
+	}
+	s.admin = admin
 	s.stop = func() {
+		admin.Close()
 		for _, stop := range stops {
 			stop()
 		}
@@ -134,7 +142,6 @@ func startServers(ctx context.Context) (*serverSet, error) {
 // functions call it after m.Run; Ryuk removes them anyway if the process
 // dies first.
 func Stop() {
-	adminClient.CloseIdleConnections()
 	if servers != nil {
 		servers.stop()
 	}
@@ -239,10 +246,10 @@ func sweepStale(s *serverSet) {
 		}
 		_ = conn.Close(ctx)
 	}
-	if names, err := listVhosts(ctx, s.adminURL); err == nil {
+	if names, err := s.admin.Vhosts(ctx); err == nil {
 		for _, n := range names {
 			if isStale(n) {
-				_ = deleteVhost(ctx, s.adminURL, n)
+				_ = s.admin.DeleteVhost(ctx, n)
 			}
 		}
 	}

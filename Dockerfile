@@ -1,0 +1,17 @@
+# syntax=docker/dockerfile:1
+
+# Build: a static inboxd binary.
+FROM golang:1.26-bookworm AS build
+WORKDIR /src
+COPY go.mod go.sum ./
+RUN go mod download
+COPY . .
+RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/inboxd ./cmd/inboxd
+
+# Run: no shell, no package manager, not root.
+FROM gcr.io/distroless/static-debian12:nonroot
+COPY --from=build /out/inboxd /usr/local/bin/inboxd
+USER nonroot:nonroot
+EXPOSE 8080
+ENTRYPOINT ["/usr/local/bin/inboxd"]
+CMD ["serve"]
