@@ -22,6 +22,7 @@ type config struct {
 	dbConfig    *pgxpool.Config
 	amqpURL     string
 	httpAddr    string
+	pprof       bool
 
 	logLevel  slog.Level
 	logFormat string
@@ -65,9 +66,10 @@ type setting struct {
 // configuration table is checked against it by a test.
 func (c *config) settings() []setting {
 	return []setting{
-		{name: "DATABASE_URL", doc: "PostgreSQL connection URL or DSN (required); a search_path parameter selects the schema", secret: true, apply: c.parseDatabaseURL},
-		{name: "AMQP_URL", doc: "RabbitMQ URL, amqp:// or amqps:// (required)", secret: true, apply: c.parseAMQPURL},
+		{name: "DATABASE_URL", doc: "PostgreSQL connection URL or DSN; a search_path parameter selects the schema", secret: true, apply: c.parseDatabaseURL},
+		{name: "AMQP_URL", doc: "RabbitMQ URL, amqp:// or amqps://", secret: true, apply: c.parseAMQPURL},
 		{name: "HTTP_ADDR", def: "127.0.0.1:8080", doc: "address of the /healthz and /readyz endpoint", apply: c.parseHTTPAddr},
+		{name: "INBOX_PPROF", def: "false", doc: "serve Go's profiler on HTTP_ADDR under /debug/pprof/", apply: boolVar(&c.pprof)},
 		{name: "INBOX_LOG_LEVEL", def: "info", doc: "debug, info, warn or error", apply: c.parseLogLevel},
 		{name: "INBOX_LOG_FORMAT", def: "json", doc: "json or text", apply: oneOf(&c.logFormat, "json", "text")},
 		{name: "INBOX_MIGRATE", def: "true", doc: "serve applies the migrations at start", apply: boolVar(&c.migrate)},

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"net/http/pprof"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -12,9 +13,17 @@ import (
 )
 
 // newHTTPHandler serves /healthz (the process is alive) and /readyz (it can
-// reach PostgreSQL and is consuming from RabbitMQ).
-func newHTTPHandler(pool *pgxpool.Pool, consumer *inbox.Consumer) http.Handler {
+// reach PostgreSQL and is consuming from RabbitMQ), and, when withPprof,
+// Go's profiler under /debug/pprof/.
+func newHTTPHandler(pool *pgxpool.Pool, consumer *inbox.Consumer, withPprof bool) http.Handler {
 	mux := http.NewServeMux()
+	if withPprof {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})

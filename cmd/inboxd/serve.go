@@ -85,7 +85,7 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
 	listener := inbox.NewListener(cfg.dbConfig.ConnConfig, logger, worker.Notify)
 
 	httpServer := &http.Server{
-		Handler:           newHTTPHandler(workerPool, consumer),
+		Handler:           newHTTPHandler(workerPool, consumer, cfg.pprof),
 		ReadHeaderTimeout: 5 * time.Second,
 	}
 	ln, err := net.Listen("tcp", cfg.httpAddr)
