@@ -4,6 +4,7 @@ import (
 	"context"
 
 	"math/rand/v2"
+	"os"
 	"os/exec"
 	"strings"
 	"testing"
@@ -281,4 +282,18 @@ func TestMain_Help(t *testing.T) {
 		require.Contains(t, out.String(), s.name)
 	}
 	require.ErrorIs(t, run(t.Context(), []string{"frobnicate"}, func(string) string { return "" }, &out, &out), errUsage)
+}
+
+// The README's configuration table lists every setting with its default.
+func TestReadmeDocumentsEverySetting(t *testing.T) {
+	t.Parallel()
+	readme, err := os.ReadFile("../../README.md")
+	require.NoError(t, err)
+	for _, s := range (&config{}).settings() {
+		def := "required"
+		if s.def != "" {
+			def = "`" + s.def + "`"
+		}
+		require.Contains(t, string(readme), "| `"+s.name+"` | "+def+" |", "README configuration table row for %s", s.name)
+	}
 }
