@@ -92,6 +92,7 @@ func TestConsumer(t *testing.T) {
 
 		require.Eventually(t, func() bool { return b.inboxCount(t) == 300 }, 20*time.Second, 20*time.Millisecond)
 		stop() // unacknowledged deliveries would return to the queue now
+		time.Sleep(500 * time.Millisecond) // the broker requeues them asynchronously
 		require.Zero(t, b.readyMessages(t, inbox.QueueInbox), "every delivery was acknowledged")
 		require.Equal(t, 300, b.inboxCount(t))
 
@@ -180,7 +181,10 @@ func TestConsumer(t *testing.T) {
 			"the consumer took the deliveries")
 		time.Sleep(200 * time.Millisecond) // let it fail and retry a few times
 		stop()
-		require.Equal(t, 50, b.readyMessages(t, inbox.QueueInbox), "nothing was acknowledged")
+		// The broker requeues a closed channel's unacknowledged deliveries
+		// asynchronously.
+		require.Eventually(t, func() bool { return b.readyMessages(t, inbox.QueueInbox) == 50 }, 10*time.Second, 20*time.Millisecond,
+			"nothing was acknowledged")
 
 		_, err = b.db.Pool.Exec(t.Context(), "ALTER TABLE inbox_away RENAME TO inbox")
 		require.NoError(t, err)
