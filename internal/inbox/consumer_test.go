@@ -91,7 +91,7 @@ func TestConsumer(t *testing.T) {
 		require.NoError(t, loadgen.Publish(t.Context(), b.broker.URL, msgs, 100))
 
 		require.Eventually(t, func() bool { return b.inboxCount(t) == 300 }, 20*time.Second, 20*time.Millisecond)
-		stop() // unacknowledged deliveries would return to the queue now
+		stop()                             // unacknowledged deliveries would return to the queue now
 		time.Sleep(500 * time.Millisecond) // the broker requeues them asynchronously
 		require.Zero(t, b.readyMessages(t, inbox.QueueInbox), "every delivery was acknowledged")
 		require.Equal(t, 300, b.inboxCount(t))
