@@ -77,7 +77,7 @@ func TestMakeVerifyCatchesStaleGeneratedCode(t *testing.T) {
 		path := filepath.Join(dir, "queries", "inbox.sql")
 		b, err := os.ReadFile(path)
 		require.NoError(t, err)
-		changed := strings.Replace(string(b), "ORDER BY id\nLIMIT @max_rows", "ORDER BY received_at, id\nLIMIT @max_rows", 1)
+		changed := strings.Replace(string(b), "RETURNING message_id;", "RETURNING message_id, received_at;", 1)
 		require.NotEqual(t, string(b), changed)
 		require.NoError(t, os.WriteFile(path, []byte(changed), 0o644))
 		out, err := makeVerify(t, dir, sqlc)

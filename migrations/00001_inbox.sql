@@ -16,7 +16,9 @@ CREATE TABLE inbox (
     -- reason. Read it with convert_from(payload, 'UTF8').
     payload          bytea       NOT NULL,
     status           text        NOT NULL DEFAULT 'pending',
-    -- Number of times a worker has started handling the message.
+    -- Number of times a worker has claimed the message to handle it. It is
+    -- committed before the handler runs, so attempts that crashed the
+    -- process or lost their transaction count too.
     attempts         integer     NOT NULL DEFAULT 0,
     last_error       text,
     -- A short description of what the handler did, e.g. 'confirmed'.
@@ -24,6 +26,9 @@ CREATE TABLE inbox (
     received_at      timestamptz NOT NULL DEFAULT now(),
     -- A pending row is not claimed before this time (retry backoff).
     next_attempt_at  timestamptz NOT NULL DEFAULT now(),
+    -- When a worker last claimed the row; other workers leave it alone for a
+    -- short lease while that worker takes its row lock.
+    claimed_at       timestamptz,
     processed_at     timestamptz,
     -- Set to true by an operator to have a processed or dead message handled again.
     replay_requested boolean     NOT NULL DEFAULT false,

@@ -12,24 +12,48 @@ ON CONFLICT (message_id) DO NOTHING
 RETURNING message_id;
 
 -- name: InboxClaimBatch :many
--- InboxClaimBatch locks up to max_rows pending messages that are due, oldest
--- first, skipping rows another worker holds. The locks last until the calling
--- transaction ends.
+-- InboxClaimBatch claims up to max_rows due pending messages, oldest first,
+-- skipping rows that another worker holds or claimed less than lease_seconds ago, and
+-- counts an attempt for each. It runs on its own and commits at once, so the
+-- attempt is counted even if the handler then kills the process: that is what
+-- bounds a crash loop. The caller then locks the rows with InboxLockClaimed.
+UPDATE inbox
+SET attempts = inbox.attempts + 1,
+    claimed_at = now()
+WHERE inbox.id IN (
+    SELECT id
+    FROM inbox
+    WHERE status = 'pending'
+      AND next_attempt_at <= now()
+      AND (claimed_at IS NULL OR claimed_at < now() - make_interval(secs => sqlc.arg(lease_seconds)::float8))
+    ORDER BY id
+    LIMIT @max_rows
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING inbox.id, inbox.attempts;
+
+-- name: InboxLockClaimed :many
+-- InboxLockClaimed locks claimed messages for the rest of the calling
+-- transaction and returns them in arrival order, leaving out any that are no
+-- longer pending. It waits for locks rather than skipping locked rows: a
+-- concurrent InboxClaimBatch may hold one for an instant, and a worker whose
+-- lease ran out holds one only until it records the outcome, after which the
+-- row is no longer pending. Locks are taken in id order, so two workers
+-- never deadlock.
 SELECT id, message_id, message_type, payload, attempts, received_at, replay_requested
 FROM inbox
-WHERE status = 'pending'
-  AND next_attempt_at <= coalesce(sqlc.narg('now')::timestamptz, now())
+WHERE id = ANY(@ids::bigint[])
+  AND status = 'pending'
 ORDER BY id
-LIMIT @max_rows
-FOR UPDATE SKIP LOCKED;
+FOR UPDATE;
 
 -- name: InboxCompleteMany :exec
 -- InboxCompleteMany records the outcome of one handling attempt for each
--- claimed message: status processed, dead, or pending again with a retry
--- delay. It counts the attempt.
+-- locked message: status processed, dead, or pending again with a retry
+-- delay. It ends the claim.
 UPDATE inbox
 SET status          = u.status,
-    attempts        = inbox.attempts + 1,
+    claimed_at      = NULL,
     result          = nullif(u.result, ''),
     last_error      = nullif(u.last_error, ''),
     processed_at    = CASE WHEN u.status = 'pending' THEN NULL ELSE now() END,

@@ -59,6 +59,7 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
 		MaxAttempts:    cfg.maxAttempts,
 		RetryBase:      cfg.retryBase,
 		RetryMax:       cfg.retryMax,
+		ClaimLease:     cfg.claimLease,
 	})
 	if err != nil {
 		return err

@@ -11,35 +11,39 @@ import (
 )
 
 const inboxClaimBatch = `-- name: InboxClaimBatch :many
-SELECT id, message_id, message_type, payload, attempts, received_at, replay_requested
-FROM inbox
-WHERE status = 'pending'
-  AND next_attempt_at <= coalesce($1::timestamptz, now())
-ORDER BY id
-LIMIT $2
-FOR UPDATE SKIP LOCKED
+UPDATE inbox
+SET attempts = inbox.attempts + 1,
+    claimed_at = now()
+WHERE inbox.id IN (
+    SELECT id
+    FROM inbox
+    WHERE status = 'pending'
+      AND next_attempt_at <= now()
+      AND (claimed_at IS NULL OR claimed_at < now() - make_interval(secs => $1::float8))
+    ORDER BY id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING inbox.id, inbox.attempts
 `
 
 type InboxClaimBatchParams struct {
-	Now     *time.Time
-	MaxRows int32
+	LeaseSeconds float64
+	MaxRows      int32
 }
 
 type InboxClaimBatchRow struct {
-	ID              int64
-	MessageID       string
-	MessageType     string
-	Payload         []byte
-	Attempts        int32
-	ReceivedAt      time.Time
-	ReplayRequested bool
+	ID       int64
+	Attempts int32
 }
 
-// InboxClaimBatch locks up to max_rows pending messages that are due, oldest
-// first, skipping rows another worker holds. The locks last until the calling
-// transaction ends.
+// InboxClaimBatch claims up to max_rows due pending messages, oldest first,
+// skipping rows that another worker holds or claimed less than lease_seconds ago, and
+// counts an attempt for each. It runs on its own and commits at once, so the
+// attempt is counted even if the handler then kills the process: that is what
+// bounds a crash loop. The caller then locks the rows with InboxLockClaimed.
 func (q *Queries) InboxClaimBatch(ctx context.Context, db DBTX, arg InboxClaimBatchParams) ([]InboxClaimBatchRow, error) {
-	rows, err := db.Query(ctx, inboxClaimBatch, arg.Now, arg.MaxRows)
+	rows, err := db.Query(ctx, inboxClaimBatch, arg.LeaseSeconds, arg.MaxRows)
 	if err != nil {
 		return nil, err
 	}
@@ -47,15 +51,7 @@ func (q *Queries) InboxClaimBatch(ctx context.Context, db DBTX, arg InboxClaimBa
 	var items []InboxClaimBatchRow
 	for rows.Next() {
 		var i InboxClaimBatchRow
-		if err := rows.Scan(
-			&i.ID,
-			&i.MessageID,
-			&i.MessageType,
-			&i.Payload,
-			&i.Attempts,
-			&i.ReceivedAt,
-			&i.ReplayRequested,
-		); err != nil {
+		if err := rows.Scan(&i.ID, &i.Attempts); err != nil {
 			return nil, err
 		}
 		items = append(items, i)
@@ -69,7 +65,7 @@ func (q *Queries) InboxClaimBatch(ctx context.Context, db DBTX, arg InboxClaimBa
 const inboxCompleteMany = `-- name: InboxCompleteMany :exec
 UPDATE inbox
 SET status          = u.status,
-    attempts        = inbox.attempts + 1,
+    claimed_at      = NULL,
     result          = nullif(u.result, ''),
     last_error      = nullif(u.last_error, ''),
     processed_at    = CASE WHEN u.status = 'pending' THEN NULL ELSE now() END,
@@ -95,8 +91,8 @@ type InboxCompleteManyParams struct {
 }
 
 // InboxCompleteMany records the outcome of one handling attempt for each
-// claimed message: status processed, dead, or pending again with a retry
-// delay. It counts the attempt.
+// locked message: status processed, dead, or pending again with a retry
+// delay. It ends the claim.
 func (q *Queries) InboxCompleteMany(ctx context.Context, db DBTX, arg InboxCompleteManyParams) error {
 	_, err := db.Exec(ctx, inboxCompleteMany,
 		arg.Ids,
@@ -147,6 +143,60 @@ func (q *Queries) InboxInsertMany(ctx context.Context, db DBTX, arg InboxInsertM
 			return nil, err
 		}
 		items = append(items, message_id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const inboxLockClaimed = `-- name: InboxLockClaimed :many
+SELECT id, message_id, message_type, payload, attempts, received_at, replay_requested
+FROM inbox
+WHERE id = ANY($1::bigint[])
+  AND status = 'pending'
+ORDER BY id
+FOR UPDATE
+`
+
+type InboxLockClaimedRow struct {
+	ID              int64
+	MessageID       string
+	MessageType     string
+	Payload         []byte
+	Attempts        int32
+	ReceivedAt      time.Time
+	ReplayRequested bool
+}
+
+// InboxLockClaimed locks claimed messages for the rest of the calling
+// transaction and returns them in arrival order, leaving out any that are no
+// longer pending. It waits for locks rather than skipping locked rows: a
+// concurrent InboxClaimBatch may hold one for an instant, and a worker whose
+// lease ran out holds one only until it records the outcome, after which the
+// row is no longer pending. Locks are taken in id order, so two workers
+// never deadlock.
+func (q *Queries) InboxLockClaimed(ctx context.Context, db DBTX, ids []int64) ([]InboxLockClaimedRow, error) {
+	rows, err := db.Query(ctx, inboxLockClaimed, ids)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []InboxLockClaimedRow
+	for rows.Next() {
+		var i InboxLockClaimedRow
+		if err := rows.Scan(
+			&i.ID,
+			&i.MessageID,
+			&i.MessageType,
+			&i.Payload,
+			&i.Attempts,
+			&i.ReceivedAt,
+			&i.ReplayRequested,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err

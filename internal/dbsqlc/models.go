@@ -22,6 +22,7 @@ type Inbox struct {
 	Result          pgtype.Text
 	ReceivedAt      time.Time
 	NextAttemptAt   time.Time
+	ClaimedAt       *time.Time
 	ProcessedAt     *time.Time
 	ReplayRequested bool
 }

@@ -19,7 +19,8 @@ type Message struct {
 	Type string
 	// Payload is the body exactly as received.
 	Payload []byte
-	// Attempt counts handling attempts, starting at 1 for the first.
+	// Attempt counts the times the message was claimed for handling, this
+	// one included: 1 the first time.
 	Attempt int
 	// ReceivedAt is when ingest stored the message.
 	ReceivedAt time.Time
@@ -32,9 +33,10 @@ type Outcome struct {
 	// Result is a short description of what the handler did, stored in
 	// inbox.result when the message is processed (e.g. "confirmed").
 	Result string
-	// Err, when not nil, means the message failed: it is retried later, or
-	// marked dead at once when errors.Is(Err, ErrPermanent). A failed message
-	// must have left no database effects in the transaction.
+	// Err, when not nil, means the message failed: it is retried after a
+	// backoff delay (or the delay RetryAfter gives), or marked dead at once
+	// when errors.Is(Err, ErrPermanent), or when it has used up its attempts.
+	// A failed message must have left no database effects in the transaction.
 	Err error
 }
 
@@ -75,3 +77,17 @@ func (e *permanentError) Is(target error) bool { return target == ErrPermanent }
 func Permanentf(format string, args ...any) error {
 	return Permanent(fmt.Errorf(format, args...))
 }
+
+// RetryAfter wraps err to ask for the next attempt after d rather than after
+// the worker's backoff delay. The attempt still counts towards the maximum.
+func RetryAfter(d time.Duration, err error) error {
+	return &retryAfterError{after: d, err: err}
+}
+
+type retryAfterError struct {
+	after time.Duration
+	err   error
+}
+
+func (e *retryAfterError) Error() string { return e.err.Error() }
+func (e *retryAfterError) Unwrap() error { return e.err }

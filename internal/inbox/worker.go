@@ -48,6 +48,11 @@ type WorkerConfig struct {
 	RetryBase time.Duration
 	// RetryMax caps the retry delay. Defaults to 5 minutes.
 	RetryMax time.Duration
+	// ClaimLease is how long a claimed row is left alone by other workers
+	// while the claiming worker takes its row lock. After a crash, the
+	// claimed rows are handled again once it has passed. Defaults to 5
+	// seconds.
+	ClaimLease time.Duration
 }
 
 func (c *WorkerConfig) withDefaults() (*WorkerConfig, error) {
@@ -60,6 +65,7 @@ func (c *WorkerConfig) withDefaults() (*WorkerConfig, error) {
 	out.MaxAttempts = cmp.Or(out.MaxAttempts, 10)
 	out.RetryBase = cmp.Or(out.RetryBase, time.Second)
 	out.RetryMax = cmp.Or(out.RetryMax, 5*time.Minute)
+	out.ClaimLease = cmp.Or(out.ClaimLease, 5*time.Second)
 	switch {
 	case out.Handler == nil:
 		return nil, errors.New("worker: Handler is required")
@@ -67,8 +73,8 @@ func (c *WorkerConfig) withDefaults() (*WorkerConfig, error) {
 		return nil, fmt.Errorf("worker: Concurrency must be at least 1, got %d", out.Concurrency)
 	case out.BatchSize < 1:
 		return nil, fmt.Errorf("worker: BatchSize must be at least 1, got %d", out.BatchSize)
-	case out.PollInterval <= 0, out.HandlerTimeout <= 0, out.RetryBase <= 0, out.RetryMax < out.RetryBase:
-		return nil, errors.New("worker: PollInterval, HandlerTimeout and RetryBase must be positive, RetryMax at least RetryBase")
+	case out.PollInterval <= 0, out.HandlerTimeout <= 0, out.RetryBase <= 0, out.RetryMax < out.RetryBase, out.ClaimLease <= 0:
+		return nil, errors.New("worker: PollInterval, HandlerTimeout, RetryBase and ClaimLease must be positive, RetryMax at least RetryBase")
 	case out.MaxAttempts < 1:
 		return nil, fmt.Errorf("worker: MaxAttempts must be at least 1, got %d", out.MaxAttempts)
 	}
@@ -78,7 +84,7 @@ func (c *WorkerConfig) withDefaults() (*WorkerConfig, error) {
 // Worker claims pending inbox rows in batches with FOR UPDATE SKIP LOCKED,
 // runs the Handler on them and marks each one processed, retried or dead in
 // the same transaction as the handler's effects. Any number of Workers, in
-// any number of processes, can share one inbox.
+// any number of processes, can share one inbox. See RunOnce.
 type Worker struct {
 	pool    *pgxpool.Pool
 	cfg     *WorkerConfig
@@ -205,45 +211,104 @@ func (w *Worker) loop(fetchCtx, workCtx context.Context, n int) {
 // RunOnce claims one batch of due messages, handles it and commits, and
 // returns how many messages it claimed. It is what each worker goroutine does
 // in a loop; tests call it to drive the worker step by step.
+//
+// The claim is one statement that commits at once: it counts an attempt for
+// each row and leases the rows for a moment (ClaimLease). Then a transaction
+// locks the rows (FOR UPDATE), runs the handler and records each outcome; the
+// handler's effects and the outcomes commit together. Because the attempt
+// was committed first, a message whose handling kills the process still uses
+// up its attempts, and ends dead instead of crash-looping.
+//
+// Messages claimed for the first time are handled as one batch. A message
+// claimed before is handled alone, in a transaction of its own, so that a
+// message that kills the process costs the others of its batch one attempt
+// at most.
 func (w *Worker) RunOnce(ctx context.Context) (int, error) {
-	tx, err := w.pool.Begin(ctx)
-	if err != nil {
-		return 0, fmt.Errorf("begin claim transaction: %w", err)
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-
-	rows, err := w.queries.InboxClaimBatch(ctx, tx, dbsqlc.InboxClaimBatchParams{MaxRows: int32(w.cfg.BatchSize)})
+	claimed, err := w.queries.InboxClaimBatch(ctx, w.pool, dbsqlc.InboxClaimBatchParams{
+		LeaseSeconds: w.cfg.ClaimLease.Seconds(),
+		MaxRows:      int32(w.cfg.BatchSize),
+	})
 	if err != nil {
 		return 0, fmt.Errorf("claim inbox batch: %w", err)
 	}
-	if len(rows) == 0 {
-		return 0, nil
+	var fresh, again []int64
+	for _, c := range claimed {
+		if c.Attempts == 1 {
+			fresh = append(fresh, c.ID)
+		} else {
+			again = append(again, c.ID)
+		}
 	}
-	msgs := make([]Message, len(rows))
-	for i, r := range rows {
-		msgs[i] = Message{
+	if len(fresh) > 0 {
+		if err := w.work(ctx, fresh); err != nil {
+			return 0, err
+		}
+	}
+	for _, id := range again {
+		if err := w.work(ctx, []int64{id}); err != nil {
+			return 0, err
+		}
+	}
+	return len(claimed), nil
+}
+
+// work locks the claimed rows ids, handles them and records the outcomes,
+// all in one transaction.
+func (w *Worker) work(ctx context.Context, ids []int64) error {
+	tx, err := w.pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("begin work transaction: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+
+	rows, err := w.queries.InboxLockClaimed(ctx, tx, ids)
+	if err != nil {
+		return fmt.Errorf("lock claimed messages: %w", err)
+	}
+	var msgs, givenUp []Message
+	for _, r := range rows {
+		m := Message{
 			ID:         r.ID,
 			MessageID:  r.MessageID,
 			Type:       r.MessageType,
 			Payload:    r.Payload,
-			Attempt:    int(r.Attempts) + 1,
+			Attempt:    int(r.Attempts),
 			ReceivedAt: r.ReceivedAt,
 			Replay:     r.ReplayRequested,
 		}
+		if m.Attempt > w.cfg.MaxAttempts {
+			givenUp = append(givenUp, m)
+		} else {
+			msgs = append(msgs, m)
+		}
 	}
 
-	outcomes, err := w.handle(ctx, tx, msgs)
-	if err != nil {
-		return 0, err
+	var outcomes []Outcome
+	if len(msgs) > 0 {
+		if outcomes, err = w.handle(ctx, tx, msgs); err != nil {
+			return err
+		}
+	}
+	for _, m := range givenUp {
+		msgs = append(msgs, m)
+		outcomes = append(outcomes, Outcome{Err: Permanent(fmt.Errorf(
+			"gave up after %d attempts: the last ones never finished (the process died, or lost its database connection, while handling the message)",
+			m.Attempt-1))})
+	}
+	if len(msgs) == 0 {
+		return nil
 	}
 	if err := w.complete(ctx, tx, msgs, outcomes); err != nil {
-		return 0, err
+		return err
 	}
 	// Commit even when ctx was cancelled during a graceful stop: the work is done.
 	if err := tx.Commit(context.WithoutCancel(ctx)); err != nil {
-		return 0, fmt.Errorf("commit work batch: %w", err)
+		// The outcome of a failed COMMIT may be unknown. Nothing is redone
+		// here: if it did not commit, the rows are claimed again once their
+		// lease ends, and the domain's unique keys make a second run safe.
+		return fmt.Errorf("commit work batch: %w", err)
 	}
-	return len(rows), nil
+	return nil
 }
 
 // handle runs the handler on the whole batch under a savepoint; if that
@@ -337,6 +402,10 @@ func (w *Worker) complete(ctx context.Context, tx pgx.Tx, msgs []Message, outcom
 				slog.String("message_type", m.Type), slog.Int("attempt", m.Attempt), slog.String("error", out.Err.Error()))
 		default:
 			delay := backoff(m.Attempt, w.cfg.RetryBase, w.cfg.RetryMax)
+			var ra *retryAfterError
+			if errors.As(out.Err, &ra) {
+				delay = ra.after
+			}
 			p.Statuses[i] = StatusPending
 			p.LastErrors[i] = out.Err.Error()
 			p.RetryDelaysMs[i] = delay.Milliseconds()

@@ -300,3 +300,93 @@ type handlerFunc func(ctx context.Context, tx pgx.Tx, msgs []inbox.Message) ([]i
 func (f handlerFunc) HandleBatch(ctx context.Context, tx pgx.Tx, msgs []inbox.Message) ([]inbox.Outcome, error) {
 	return f(ctx, tx, msgs)
 }
+
+func TestWorkerFailureIsBounded(t *testing.T) {
+	t.Parallel()
+
+	t.Run("RetriesOnTheBackoffScheduleThenSucceedsOnce", func(t *testing.T) {
+		t.Parallel()
+		b := setupWorker(t)
+		insertMessages(t, b.db.Pool, 1)
+		const base = 400 * time.Millisecond
+		fails := 3
+		w := b.newWorker(t, b.db.Pool, inbox.WorkerConfig{MaxAttempts: 5, RetryBase: base, RetryMax: time.Minute})
+		b.handler.failing["m-0"] = errors.New("not yet")
+		for attempt := 1; attempt <= fails; attempt++ {
+			require.Eventually(t, func() bool {
+				n, err := w.RunOnce(t.Context())
+				require.NoError(t, err)
+				return n == 1
+			}, 10*time.Second, 10*time.Millisecond, "attempt %d was due", attempt)
+			r := readRow(t, b.db.Pool, "m-0")
+			require.Equal(t, inbox.StatusPending, r.Status)
+			require.Equal(t, attempt, r.Attempts)
+			// Backoff: base doubled per attempt, jittered between half and all of it.
+			full := base << (attempt - 1)
+			require.GreaterOrEqual(t, r.NextDueInF, (full/2).Seconds()-0.2, "attempt %d", attempt)
+			require.LessOrEqual(t, r.NextDueInF, full.Seconds(), "attempt %d", attempt)
+			n, err := w.RunOnce(t.Context())
+			require.NoError(t, err)
+			require.Zero(t, n, "not claimed again before it is due")
+		}
+		delete(b.handler.failing, "m-0")
+		require.Eventually(t, func() bool {
+			_, err := w.RunOnce(t.Context())
+			require.NoError(t, err)
+			return readRow(t, b.db.Pool, "m-0").Status == inbox.StatusProcessed
+		}, 10*time.Second, 10*time.Millisecond)
+		require.Equal(t, fails+1, readRow(t, b.db.Pool, "m-0").Attempts)
+		require.Equal(t, 1, countEffects(t, b.db.Pool), "effects once")
+	})
+
+	t.Run("RetryAfterOverridesTheBackoff", func(t *testing.T) {
+		t.Parallel()
+		b := setupWorker(t)
+		insertMessages(t, b.db.Pool, 1)
+		b.handler.failing["m-0"] = inbox.RetryAfter(time.Hour, errors.New("rate limited"))
+		w := b.newWorker(t, b.db.Pool, inbox.WorkerConfig{RetryBase: time.Millisecond, RetryMax: time.Millisecond})
+		_, err := w.RunOnce(t.Context())
+		require.NoError(t, err)
+		r := readRow(t, b.db.Pool, "m-0")
+		require.Equal(t, inbox.StatusPending, r.Status)
+		require.InDelta(t, time.Hour.Seconds(), r.NextDueInF, 5)
+		require.Equal(t, "rate limited", *r.LastError)
+	})
+
+	t.Run("AttemptsThatNeverFinishedStillCount", func(t *testing.T) {
+		t.Parallel()
+		b := setupWorker(t)
+		insertMessages(t, b.db.Pool, 2)
+		const maxAttempts = 3
+		// Three workers claim m-0 and die before recording anything, as a
+		// handler that kills its process would leave it.
+		for range maxAttempts {
+			claimed, err := dbsqlc.New().InboxClaimBatch(t.Context(), b.db.Pool, dbsqlc.InboxClaimBatchParams{LeaseSeconds: 0, MaxRows: 1})
+			require.NoError(t, err)
+			require.Len(t, claimed, 1)
+		}
+		w := b.newWorker(t, b.db.Pool, inbox.WorkerConfig{MaxAttempts: maxAttempts, ClaimLease: time.Millisecond})
+		time.Sleep(5 * time.Millisecond) // the dead workers' lease ends
+		require.Eventually(t, func() bool {
+			_, err := w.RunOnce(t.Context())
+			require.NoError(t, err)
+			return readRow(t, b.db.Pool, "m-0").Status == inbox.StatusDead && readRow(t, b.db.Pool, "m-1").Status == inbox.StatusProcessed
+		}, 10*time.Second, 10*time.Millisecond)
+		r := readRow(t, b.db.Pool, "m-0")
+		require.Contains(t, *r.LastError, "gave up after 3 attempts")
+		require.Zero(t, b.handler.calls["m-0"], "not handled again")
+		require.Equal(t, 1, countEffects(t, b.db.Pool))
+	})
+
+	t.Run("AClaimedMessageIsLeftAloneDuringItsLease", func(t *testing.T) {
+		t.Parallel()
+		b := setupWorker(t)
+		insertMessages(t, b.db.Pool, 1)
+		_, err := dbsqlc.New().InboxClaimBatch(t.Context(), b.db.Pool, dbsqlc.InboxClaimBatchParams{LeaseSeconds: 60, MaxRows: 1})
+		require.NoError(t, err)
+		w := b.newWorker(t, b.db.Pool, inbox.WorkerConfig{ClaimLease: time.Hour})
+		n, err := w.RunOnce(t.Context())
+		require.NoError(t, err)
+		require.Zero(t, n)
+	})
+}
