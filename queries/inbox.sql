@@ -12,11 +12,11 @@ ON CONFLICT (message_id) DO NOTHING
 RETURNING message_id;
 
 -- name: InboxClaimBatch :many
--- InboxClaimBatch claims up to max_rows due pending messages, oldest first,
--- skipping rows that another worker holds or claimed less than lease_seconds ago, and
--- counts an attempt for each. It runs on its own and commits at once, so the
--- attempt is counted even if the handler then kills the process: that is what
--- bounds a crash loop. The caller then locks the rows with InboxLockClaimed.
+-- InboxClaimBatch claims up to max_rows due pending messages that no worker
+-- has claimed, oldest first, and counts an attempt for each. It runs on its
+-- own and commits at once, so the attempt is counted even if the handler then
+-- kills the process: that is what bounds a crash loop. The caller then locks
+-- the rows with InboxLockClaimed.
 UPDATE inbox
 SET attempts = inbox.attempts + 1,
     claimed_at = now()
@@ -25,12 +25,33 @@ WHERE inbox.id IN (
     FROM inbox
     WHERE status = 'pending'
       AND next_attempt_at <= now()
-      AND (claimed_at IS NULL OR claimed_at < now() - make_interval(secs => sqlc.arg(lease_seconds)::float8))
+      AND claimed_at IS NULL
     ORDER BY id
-    LIMIT @max_rows
+    LIMIT sqlc.arg(max_rows)
     FOR UPDATE SKIP LOCKED
 )
-RETURNING inbox.id, inbox.attempts;
+RETURNING inbox.id;
+
+-- name: InboxClaimUnfinished :many
+-- InboxClaimUnfinished claims the oldest message whose last claim never
+-- recorded an outcome (the process died, or lost its transaction, while
+-- handling it) and counts an attempt for it. A claim younger than
+-- lease_seconds is left alone, as its worker may be about to lock the row;
+-- a row that a worker has locked is skipped.
+UPDATE inbox
+SET attempts = inbox.attempts + 1,
+    claimed_at = now()
+WHERE inbox.id IN (
+    SELECT id
+    FROM inbox
+    WHERE status = 'pending'
+      AND next_attempt_at <= now()
+      AND claimed_at < now() - make_interval(secs => sqlc.arg(lease_seconds)::float8)
+    ORDER BY id
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING inbox.id;
 
 -- name: InboxLockClaimed :many
 -- InboxLockClaimed locks claimed messages for the rest of the calling

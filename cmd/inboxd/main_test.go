@@ -18,8 +18,9 @@ import (
 )
 
 // inboxdPath is the inboxd binary built for the tests that run it as a
-// child process.
-var inboxdPath string
+// child process; crashingInboxdPath is its crashtest build, which kills
+// itself on messages of type "test.crash".
+var inboxdPath, crashingInboxdPath string
 
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "inboxd-test-")
@@ -28,13 +29,16 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	inboxdPath = filepath.Join(dir, "inboxd")
-	build := exec.Command("go", "build", "-race", "-o", inboxdPath, ".")
-	if !raceEnabled {
-		build = exec.Command("go", "build", "-o", inboxdPath, ".")
-	}
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "build inboxd: %v\n%s", err, out)
-		os.Exit(1)
+	crashingInboxdPath = filepath.Join(dir, "inboxd-crashtest")
+	for path, tags := range map[string]string{inboxdPath: "", crashingInboxdPath: "crashtest"} {
+		args := []string{"build", "-tags", tags, "-o", path}
+		if raceEnabled {
+			args = append(args, "-race")
+		}
+		if out, err := exec.Command("go", append(args, ".")...).CombinedOutput(); err != nil {
+			fmt.Fprintf(os.Stderr, "build inboxd: %v\n%s", err, out)
+			os.Exit(1)
+		}
 	}
 	code := m.Run()
 	testenv.Stop()
@@ -68,10 +72,16 @@ type process struct {
 // test prints if it fails.
 func startProcess(t *testing.T, env []string) *process {
 	t.Helper()
+	return startBinary(t, inboxdPath, env)
+}
+
+// startBinary runs `serve` of the inboxd binary at path.
+func startBinary(t *testing.T, path string, env []string) *process {
+	t.Helper()
 	logs := filepath.Join(t.TempDir(), fmt.Sprintf("inboxd-%d.log", time.Now().UnixNano()))
 	f, err := os.Create(logs)
 	require.NoError(t, err)
-	cmd := exec.Command(inboxdPath, "serve")
+	cmd := exec.Command(path, "serve")
 	cmd.Env = env
 	cmd.Stdout, cmd.Stderr = f, f
 	require.NoError(t, cmd.Start())
@@ -103,6 +113,16 @@ func (p *process) kill() {
 	}
 	_ = p.cmd.Process.Signal(syscall.SIGKILL)
 	<-p.done
+}
+
+// exited reports whether the process has ended.
+func (p *process) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
 }
 
 // terminate sends SIGTERM and returns how long the process took to exit.

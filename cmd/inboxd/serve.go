@@ -18,6 +18,10 @@ import (
 	"github.com/orderconfirm/inboxd/internal/orders"
 )
 
+// wrapHandler wraps the order handler; the crashtest build of the tests
+// replaces it.
+var wrapHandler = func(h inbox.Handler) inbox.Handler { return h }
+
 func migrateUp(ctx context.Context, cfg *config, logger *slog.Logger) error {
 	n, err := migrate.Up(ctx, cfg.dbConfig.ConnConfig, logger)
 	if err != nil {
@@ -50,7 +54,7 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
 	defer workerPool.Close()
 
 	worker, err := inbox.NewWorker(workerPool, &inbox.WorkerConfig{
-		Handler:        orders.NewHandler(logger),
+		Handler:        wrapHandler(orders.NewHandler(logger)),
 		Logger:         logger,
 		Concurrency:    cfg.workers,
 		BatchSize:      cfg.workerBatchSize,

@@ -19,42 +19,74 @@ WHERE inbox.id IN (
     FROM inbox
     WHERE status = 'pending'
       AND next_attempt_at <= now()
-      AND (claimed_at IS NULL OR claimed_at < now() - make_interval(secs => $1::float8))
+      AND claimed_at IS NULL
     ORDER BY id
-    LIMIT $2
+    LIMIT $1
     FOR UPDATE SKIP LOCKED
 )
-RETURNING inbox.id, inbox.attempts
+RETURNING inbox.id
 `
 
-type InboxClaimBatchParams struct {
-	LeaseSeconds float64
-	MaxRows      int32
-}
-
-type InboxClaimBatchRow struct {
-	ID       int64
-	Attempts int32
-}
-
-// InboxClaimBatch claims up to max_rows due pending messages, oldest first,
-// skipping rows that another worker holds or claimed less than lease_seconds ago, and
-// counts an attempt for each. It runs on its own and commits at once, so the
-// attempt is counted even if the handler then kills the process: that is what
-// bounds a crash loop. The caller then locks the rows with InboxLockClaimed.
-func (q *Queries) InboxClaimBatch(ctx context.Context, db DBTX, arg InboxClaimBatchParams) ([]InboxClaimBatchRow, error) {
-	rows, err := db.Query(ctx, inboxClaimBatch, arg.LeaseSeconds, arg.MaxRows)
+// InboxClaimBatch claims up to max_rows due pending messages that no worker
+// has claimed, oldest first, and counts an attempt for each. It runs on its
+// own and commits at once, so the attempt is counted even if the handler then
+// kills the process: that is what bounds a crash loop. The caller then locks
+// the rows with InboxLockClaimed.
+func (q *Queries) InboxClaimBatch(ctx context.Context, db DBTX, maxRows int32) ([]int64, error) {
+	rows, err := db.Query(ctx, inboxClaimBatch, maxRows)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var items []InboxClaimBatchRow
+	var items []int64
 	for rows.Next() {
-		var i InboxClaimBatchRow
-		if err := rows.Scan(&i.ID, &i.Attempts); err != nil {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
 			return nil, err
 		}
-		items = append(items, i)
+		items = append(items, id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const inboxClaimUnfinished = `-- name: InboxClaimUnfinished :many
+UPDATE inbox
+SET attempts = inbox.attempts + 1,
+    claimed_at = now()
+WHERE inbox.id IN (
+    SELECT id
+    FROM inbox
+    WHERE status = 'pending'
+      AND next_attempt_at <= now()
+      AND claimed_at < now() - make_interval(secs => $1::float8)
+    ORDER BY id
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING inbox.id
+`
+
+// InboxClaimUnfinished claims the oldest message whose last claim never
+// recorded an outcome (the process died, or lost its transaction, while
+// handling it) and counts an attempt for it. A claim younger than
+// lease_seconds is left alone, as its worker may be about to lock the row;
+// a row that a worker has locked is skipped.
+func (q *Queries) InboxClaimUnfinished(ctx context.Context, db DBTX, leaseSeconds float64) ([]int64, error) {
+	rows, err := db.Query(ctx, inboxClaimUnfinished, leaseSeconds)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []int64
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		items = append(items, id)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err

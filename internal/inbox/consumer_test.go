@@ -88,13 +88,15 @@ func TestConsumer(t *testing.T) {
 		stop := b.start(t, inbox.ConsumerConfig{BatchSize: 50, Channels: 1}) // one channel keeps arrival order
 		msgs := messages("m", 300)
 		msgs = append(msgs, msgs[:90]...) // redeliveries under the same ids
+		msgs = append(msgs, messages("last", 1)...)
 		require.NoError(t, loadgen.Publish(t.Context(), b.broker.URL, msgs, 100))
 
-		require.Eventually(t, func() bool { return b.inboxCount(t) == 300 }, 20*time.Second, 20*time.Millisecond)
+		// Once the last message is stored, every delivery before it was received.
+		require.Eventually(t, func() bool { return b.inboxCount(t) == 301 }, 20*time.Second, 20*time.Millisecond)
 		stop()                             // unacknowledged deliveries would return to the queue now
 		time.Sleep(500 * time.Millisecond) // the broker requeues them asynchronously
 		require.Zero(t, b.readyMessages(t, inbox.QueueInbox), "every delivery was acknowledged")
-		require.Equal(t, 300, b.inboxCount(t))
+		require.Equal(t, 301, b.inboxCount(t))
 
 		var first string
 		require.NoError(t, b.db.Pool.QueryRow(t.Context(),

@@ -48,10 +48,9 @@ type WorkerConfig struct {
 	RetryBase time.Duration
 	// RetryMax caps the retry delay. Defaults to 5 minutes.
 	RetryMax time.Duration
-	// ClaimLease is how long a claimed row is left alone by other workers
-	// while the claiming worker takes its row lock. After a crash, the
-	// claimed rows are handled again once it has passed. Defaults to 5
-	// seconds.
+	// ClaimLease is how long a claim that has not locked its row yet is left
+	// alone. After a crash, the crashed process's claims are taken over once
+	// it has passed. Defaults to 5 seconds.
 	ClaimLease time.Duration
 }
 
@@ -91,6 +90,10 @@ type Worker struct {
 	logger  *slog.Logger
 	queries *dbsqlc.Queries
 	wake    chan struct{}
+
+	// exclusive is held for writing while a message whose last claim never
+	// ended is claimed and handled, and for reading by every other batch.
+	exclusive sync.RWMutex
 
 	mu         sync.Mutex
 	stopFetch  context.CancelFunc
@@ -195,8 +198,11 @@ func (w *Worker) loop(fetchCtx, workCtx context.Context, n int) {
 			continue
 		case claimed == w.cfg.BatchSize:
 			failures = 0
-			w.Notify() // there may be more: let another goroutine join in
+			w.Notify() // there is more: let another goroutine join in
 			continue
+		case claimed > 0:
+			failures = 0
+			continue // there may be more
 		}
 		failures = 0
 		select {
@@ -213,43 +219,52 @@ func (w *Worker) loop(fetchCtx, workCtx context.Context, n int) {
 // in a loop; tests call it to drive the worker step by step.
 //
 // The claim is one statement that commits at once: it counts an attempt for
-// each row and leases the rows for a moment (ClaimLease). Then a transaction
-// locks the rows (FOR UPDATE), runs the handler and records each outcome; the
-// handler's effects and the outcomes commit together. Because the attempt
-// was committed first, a message whose handling kills the process still uses
-// up its attempts, and ends dead instead of crash-looping.
+// each row and marks the rows claimed. Then a transaction locks the rows (FOR
+// UPDATE), runs the handler and records each outcome, which ends the claim;
+// the handler's effects and the outcomes commit together. Because the
+// attempt was committed first, a message whose handling kills the process
+// still uses up its attempts, and ends dead instead of crash-looping.
 //
-// Messages claimed for the first time are handled as one batch. A message
-// claimed before is handled alone, in a transaction of its own, so that a
-// message that kills the process costs the others of its batch one attempt
-// at most.
+// When there is no batch to claim, RunOnce looks for a message whose last
+// claim never ended (see RunUnfinished).
 func (w *Worker) RunOnce(ctx context.Context) (int, error) {
-	claimed, err := w.queries.InboxClaimBatch(ctx, w.pool, dbsqlc.InboxClaimBatchParams{
-		LeaseSeconds: w.cfg.ClaimLease.Seconds(),
-		MaxRows:      int32(w.cfg.BatchSize),
-	})
+	w.exclusive.RLock()
+	n, err := w.runBatch(ctx)
+	w.exclusive.RUnlock()
+	if err != nil || n > 0 {
+		return n, err
+	}
+	return w.RunUnfinished(ctx)
+}
+
+func (w *Worker) runBatch(ctx context.Context) (int, error) {
+	ids, err := w.queries.InboxClaimBatch(ctx, w.pool, int32(w.cfg.BatchSize))
 	if err != nil {
 		return 0, fmt.Errorf("claim inbox batch: %w", err)
 	}
-	var fresh, again []int64
-	for _, c := range claimed {
-		if c.Attempts == 1 {
-			fresh = append(fresh, c.ID)
-		} else {
-			again = append(again, c.ID)
-		}
+	if len(ids) == 0 {
+		return 0, nil
 	}
-	if len(fresh) > 0 {
-		if err := w.work(ctx, fresh); err != nil {
-			return 0, err
-		}
+	return len(ids), w.work(ctx, ids)
+}
+
+// RunUnfinished claims the oldest message whose last claim never ended (the
+// process died, or lost its database connection, while handling it) and
+// handles it alone, while no other work of this Worker is in flight: if it
+// kills the process again, it costs no other message an attempt. Once such a
+// message has used up its attempts it is marked dead without running. It
+// returns the number of messages claimed, 0 or 1.
+func (w *Worker) RunUnfinished(ctx context.Context) (int, error) {
+	w.exclusive.Lock()
+	defer w.exclusive.Unlock()
+	ids, err := w.queries.InboxClaimUnfinished(ctx, w.pool, w.cfg.ClaimLease.Seconds())
+	if err != nil {
+		return 0, fmt.Errorf("claim unfinished message: %w", err)
 	}
-	for _, id := range again {
-		if err := w.work(ctx, []int64{id}); err != nil {
-			return 0, err
-		}
+	if len(ids) == 0 {
+		return 0, nil
 	}
-	return len(claimed), nil
+	return len(ids), w.work(ctx, ids)
 }
 
 // work locks the claimed rows ids, handles them and records the outcomes,

@@ -360,8 +360,12 @@ func TestWorkerFailureIsBounded(t *testing.T) {
 		const maxAttempts = 3
 		// Three workers claim m-0 and die before recording anything, as a
 		// handler that kills its process would leave it.
-		for range maxAttempts {
-			claimed, err := dbsqlc.New().InboxClaimBatch(t.Context(), b.db.Pool, dbsqlc.InboxClaimBatchParams{LeaseSeconds: 0, MaxRows: 1})
+		q := dbsqlc.New()
+		claimed, err := q.InboxClaimBatch(t.Context(), b.db.Pool, 1)
+		require.NoError(t, err)
+		require.Len(t, claimed, 1)
+		for range maxAttempts - 1 {
+			claimed, err := q.InboxClaimUnfinished(t.Context(), b.db.Pool, 0)
 			require.NoError(t, err)
 			require.Len(t, claimed, 1)
 		}
@@ -382,7 +386,7 @@ func TestWorkerFailureIsBounded(t *testing.T) {
 		t.Parallel()
 		b := setupWorker(t)
 		insertMessages(t, b.db.Pool, 1)
-		_, err := dbsqlc.New().InboxClaimBatch(t.Context(), b.db.Pool, dbsqlc.InboxClaimBatchParams{LeaseSeconds: 60, MaxRows: 1})
+		_, err := dbsqlc.New().InboxClaimBatch(t.Context(), b.db.Pool, 1)
 		require.NoError(t, err)
 		w := b.newWorker(t, b.db.Pool, inbox.WorkerConfig{ClaimLease: time.Hour})
 		n, err := w.RunOnce(t.Context())
