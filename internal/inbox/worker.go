@@ -179,20 +179,20 @@ func (w *Worker) loop(fetchCtx, workCtx context.Context, n int) {
 	poll := time.NewTicker(w.cfg.PollInterval)
 	defer poll.Stop()
 	failures := 0
-	for {
+	fail := func(err error) bool {
 		if fetchCtx.Err() != nil {
-			return
+			return false
 		}
-		claimed, err := w.RunOnce(workCtx)
+		failures++
+		delay := backoff(failures, 100*time.Millisecond, 10*time.Second)
+		logger.Error("work batch failed", slog.String("error", err.Error()), slog.Duration("retry_in", delay))
+		return sleep(fetchCtx, delay)
+	}
+	for fetchCtx.Err() == nil {
+		claimed, err := w.runBatch(workCtx)
 		switch {
 		case err != nil:
-			if fetchCtx.Err() != nil {
-				return
-			}
-			failures++
-			delay := backoff(failures, 100*time.Millisecond, 10*time.Second)
-			logger.Error("work batch failed", slog.String("error", err.Error()), slog.Duration("retry_in", delay))
-			if !sleep(fetchCtx, delay) {
+			if !fail(err) {
 				return
 			}
 			continue
@@ -210,6 +210,19 @@ func (w *Worker) loop(fetchCtx, workCtx context.Context, n int) {
 			return
 		case <-w.wake:
 		case <-poll.C:
+			// Take over the claims of crashed workers, one message at a time.
+			for fetchCtx.Err() == nil {
+				claimed, err := w.RunUnfinished(workCtx)
+				if err != nil {
+					if !fail(err) {
+						return
+					}
+					break
+				}
+				if claimed == 0 {
+					break
+				}
+			}
 		}
 	}
 }
@@ -226,18 +239,20 @@ func (w *Worker) loop(fetchCtx, workCtx context.Context, n int) {
 // still uses up its attempts, and ends dead instead of crash-looping.
 //
 // When there is no batch to claim, RunOnce looks for a message whose last
-// claim never ended (see RunUnfinished).
+// claim never ended (see RunUnfinished); the worker goroutines do that on
+// every PollInterval tick.
 func (w *Worker) RunOnce(ctx context.Context) (int, error) {
-	w.exclusive.RLock()
 	n, err := w.runBatch(ctx)
-	w.exclusive.RUnlock()
 	if err != nil || n > 0 {
 		return n, err
 	}
 	return w.RunUnfinished(ctx)
 }
 
+// runBatch claims and handles one batch of messages nobody has claimed.
 func (w *Worker) runBatch(ctx context.Context) (int, error) {
+	w.exclusive.RLock()
+	defer w.exclusive.RUnlock()
 	ids, err := w.queries.InboxClaimBatch(ctx, w.pool, int32(w.cfg.BatchSize))
 	if err != nil {
 		return 0, fmt.Errorf("claim inbox batch: %w", err)
