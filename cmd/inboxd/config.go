@@ -122,7 +122,11 @@ func loadConfig(getenv func(string) string) (*config, error) {
 	}
 	c.dbConfig.ConnConfig.ConnectTimeout = c.dbConnectTimeout
 	rp := c.dbConfig.ConnConfig.RuntimeParams
-	rp["application_name"] = "inboxd"
+	// A PostgreSQL application_name given in DATABASE_URL prefixes the
+	// name of every connection; each pool adds what it is for.
+	if rp["application_name"] == "" {
+		rp["application_name"] = "inboxd"
+	}
 	rp["statement_timeout"] = strconv.FormatInt(c.statementTimeout.Milliseconds(), 10)
 	rp["idle_in_transaction_session_timeout"] = strconv.FormatInt(c.idleInTxTimeout.Milliseconds(), 10)
 	return c, nil

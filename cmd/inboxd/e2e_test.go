@@ -137,9 +137,10 @@ func TestTwoProcessesShareTheInbox(t *testing.T) {
 	require.Zero(t, b.count(t, "SELECT count(*) FROM inbox WHERE attempts <> 1"), "no row was handled twice")
 }
 
-// Acceptance: a message without id, one over the size limit and one with
-// invalid JSON each end dead-lettered or dead with a reason, and the service
-// keeps consuming.
+// Acceptance: a message without id, one over the size limit (1 MiB and 10
+// MiB), and bodies that are empty, not JSON, hold NUL bytes or have fields of
+// the wrong type each end dead-lettered or dead with a reason, and the
+// service keeps consuming.
 func TestMalformedInputEndsDeadWithAReason(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -165,11 +166,14 @@ func TestMalformedInputEndsDeadWithAReason(t *testing.T) {
 	publish("order.created", amqp.Publishing{MessageId: "bad-json", Body: []byte(`{"orderId": "o-1", `)})
 	publish("order.created", amqp.Publishing{MessageId: "nul", Body: []byte("{\"orderId\":\"o-\x00\"}")})
 	publish("order.cancelled", amqp.Publishing{MessageId: "wrong-type", Body: []byte(`{"orderId": 7}`)})
+	publish("order.created", amqp.Publishing{MessageId: "empty", Body: nil})
+	publish("order.created", amqp.Publishing{MessageId: "binary", Body: []byte("\x00\xff\xfe{\x00}")})
+	publish("order.created", amqp.Publishing{MessageId: "ten-mib", Body: make([]byte, 10<<20)})
 	publish("order.created", amqp.Publishing{MessageId: "good", Body: loadgen.OrderCreatedBody("o-good", 1)})
 
-	b.waitDrained(t, 4, 30*time.Second)
+	b.waitDrained(t, 6, 30*time.Second)
 	require.Equal(t, "processed", b.status(t, "good"), "the service kept consuming")
-	for _, id := range []string{"bad-json", "nul", "wrong-type"} {
+	for _, id := range []string{"bad-json", "nul", "wrong-type", "empty", "binary"} {
 		require.Equal(t, "dead", b.status(t, id), id)
 	}
 	var lastError string
@@ -179,7 +183,7 @@ func TestMalformedInputEndsDeadWithAReason(t *testing.T) {
 	dead, err := ch.Consume(inbox.QueueDead, "", true, false, false, false, nil)
 	require.NoError(t, err)
 	reasons := map[string]string{}
-	for len(reasons) < 2 {
+	for len(reasons) < 3 {
 		select {
 		case d := <-dead:
 			reasons[d.MessageId], _ = d.Headers[inbox.HeaderRejectReason].(string)
@@ -189,7 +193,9 @@ func TestMalformedInputEndsDeadWithAReason(t *testing.T) {
 	}
 	require.Equal(t, "missing message_id", reasons[""])
 	require.Contains(t, reasons["huge"], "message too large")
+	require.Contains(t, reasons["ten-mib"], "message too large: 10485760 bytes")
 	require.True(t, p.logContains(`"msg":"delivery dead-lettered"`))
+	require.False(t, p.exited(), "the consumer never crashed")
 }
 
 func (b *e2eBundle) status(t *testing.T, messageID string) string {

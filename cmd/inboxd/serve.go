@@ -87,7 +87,9 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	listener := inbox.NewListener(cfg.dbConfig.ConnConfig, logger, worker.Notify)
+	listenConfig := cfg.dbConfig.ConnConfig.Copy()
+	listenConfig.RuntimeParams["application_name"] += " listener"
+	listener := inbox.NewListener(listenConfig, logger, worker.Notify)
 
 	httpServer := &http.Server{
 		Handler:           newHTTPHandler(workerPool, consumer, cfg.pprof),
@@ -138,7 +140,7 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
 func newPool(ctx context.Context, cfg *config, name string, maxConns int) (*pgxpool.Pool, error) {
 	pc := cfg.dbConfig.Copy()
 	pc.MaxConns = int32(maxConns)
-	pc.ConnConfig.RuntimeParams["application_name"] = "inboxd " + name
+	pc.ConnConfig.RuntimeParams["application_name"] += " " + name
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		return nil, fmt.Errorf("create %s pool: %w", name, err)

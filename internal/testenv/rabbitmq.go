@@ -19,7 +19,8 @@ type Broker struct {
 	// URL connects to the virtual host.
 	URL string
 
-	admin *rabbitadmin.Client
+	admin  *rabbitadmin.Client
+	closed map[string]bool // connections CloseConnections closed already
 }
 
 // NewBroker creates a virtual host, grants the test user every permission on
@@ -37,14 +38,15 @@ func NewBroker(tb testing.TB) *Broker {
 
 	u.Path = "/" + vhost
 	u.RawPath = "/" + url.PathEscape(vhost)
-	return &Broker{Vhost: vhost, URL: u.String(), admin: s.admin}
+	return &Broker{Vhost: vhost, URL: u.String(), admin: s.admin, closed: map[string]bool{}}
 }
 
 // CloseConnections closes, from the broker's side, every client connection
 // to the virtual host whose connection_name contains nameContains, as an
 // operator or a broker restart would. The management API learns of new
-// connections only every few seconds, so it waits up to 30 seconds for at
-// least one to show. It returns how many it closed.
+// connections, and forgets closed ones, only every few seconds, so it skips
+// the connections it closed before and waits up to 30 seconds for at least
+// one new one to show. It returns how many it closed.
 func (b *Broker) CloseConnections(tb testing.TB, nameContains string) int {
 	tb.Helper()
 	var matching []rabbitadmin.Connection
@@ -53,7 +55,7 @@ func (b *Broker) CloseConnections(tb testing.TB, nameContains string) int {
 		conns, err := b.admin.Connections(tb.Context(), b.Vhost)
 		require.NoError(tb, err)
 		for _, c := range conns {
-			if strings.Contains(c.ClientProperties.ConnectionName, nameContains) {
+			if strings.Contains(c.ClientProperties.ConnectionName, nameContains) && !b.closed[c.Name] {
 				matching = append(matching, c)
 			}
 		}
@@ -62,6 +64,7 @@ func (b *Broker) CloseConnections(tb testing.TB, nameContains string) int {
 		}
 	}
 	for _, c := range matching {
+		b.closed[c.Name] = true
 		_ = b.admin.CloseConnection(tb.Context(), c.Name)
 	}
 	return len(matching)
