@@ -50,6 +50,13 @@ lint: $(STATICCHECK) ## gofmt, go vet and staticcheck
 .PHONY: test
 test: $(SQLC) ## Run every test against real PostgreSQL and RabbitMQ (see README)
 	SQLC=$(SQLC) $(GO) test -count=1 -timeout 10m ./...
+ifneq ($(TEST_DATABASE_URL),)
+	$(MAKE) --no-print-directory test-disruptive
+endif
+
+.PHONY: test-disruptive
+test-disruptive: ## Restart PostgreSQL and RabbitMQ under load (local services only; make test runs it when TEST_DATABASE_URL is set)
+	TEST_DISRUPTIVE=1 $(GO) test -count=1 -timeout 10m -run '^TestDisruptive' -v ./cmd/inboxd/
 
 .PHONY: test-race
 test-race: $(SQLC) ## Run every test with the race detector

@@ -33,10 +33,18 @@ func setup(t *testing.T) *e2eBundle {
 	return b
 }
 
+// count runs a counting query. It retries for a while when PostgreSQL is
+// unreachable, as it is while a test restarts it.
 func (b *e2eBundle) count(t *testing.T, query string, args ...any) int {
 	t.Helper()
 	var n int
-	require.NoError(t, b.db.Pool.QueryRow(context.WithoutCancel(t.Context()), query, args...).Scan(&n))
+	var err error
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		if err = b.db.Pool.QueryRow(context.WithoutCancel(t.Context()), query, args...).Scan(&n); err == nil {
+			return n
+		}
+	}
+	require.NoError(t, err)
 	return n
 }
 

@@ -1,0 +1,80 @@
+package main
+
+import (
+	"cmp"
+	"os"
+	"os/exec"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/orderconfirm/inboxd/internal/loadgen"
+)
+
+// The tests in this file restart the shared PostgreSQL and RabbitMQ servers,
+// so they run only when TEST_DISRUPTIVE=1, on their own, after the others:
+// `make test` does that. The commands that restart the servers can be set
+// with TEST_PG_RESTART_CMD, TEST_RABBITMQ_STOP_CMD and
+// TEST_RABBITMQ_START_CMD; the defaults suit a machine running both locally.
+
+func requireDisruptive(t *testing.T) {
+	t.Helper()
+	if os.Getenv("TEST_DISRUPTIVE") != "1" {
+		t.Skip("restarts the shared servers: set TEST_DISRUPTIVE=1 (make test does, in a run of its own)")
+	}
+}
+
+func runShell(t *testing.T, envName, fallback string) {
+	t.Helper()
+	command := cmp.Or(os.Getenv(envName), fallback)
+	out, err := exec.Command("sh", "-c", command).CombinedOutput()
+	require.NoError(t, err, "%s: %s", command, out)
+}
+
+// Acceptance: the broker stopped (stop_app) and started again under load:
+// nothing lost, nothing doubled, no stale ack.
+func TestDisruptiveBrokerRestart(t *testing.T) {
+	requireDisruptive(t)
+	b := setup(t)
+	// A slow ingest, so the restart lands while messages are still queued.
+	p := startProcess(t, serviceEnv(b.db, b.broker,
+		"INBOX_PREFETCH=20", "INBOX_INGEST_BATCH_SIZE=10", "INBOX_INGEST_CHANNELS=1", "INBOX_AMQP_HEARTBEAT=2s"))
+	w := loadgen.Generate(loadgen.Spec{Orders: 6000, DuplicateRate: 0.3, ResendRate: 0.05, Seed: 9})
+	half := len(w.Messages) / 2
+	require.NoError(t, loadgen.Publish(t.Context(), b.broker.URL, w.Messages[:half], 200))
+	require.Eventually(t, func() bool { return b.count(t, "SELECT count(*) FROM inbox") > 200 }, 30*time.Second, 10*time.Millisecond)
+
+	runShell(t, "TEST_RABBITMQ_STOP_CMD", "rabbitmqctl stop_app")
+	stored := b.count(t, "SELECT count(*) FROM inbox")
+	time.Sleep(2 * time.Second)
+	runShell(t, "TEST_RABBITMQ_START_CMD", "rabbitmqctl start_app && rabbitmqctl await_startup")
+	require.Less(t, stored, w.UniqueMessageIDs/2, "the broker stopped while messages were still queued")
+
+	require.NoError(t, loadgen.Publish(t.Context(), b.broker.URL, w.Messages[half:], 200))
+	b.waitDrained(t, w.UniqueMessageIDs, 120*time.Second)
+	b.requireExactlyOnce(t, w)
+	require.True(t, p.logContains("broker session ended, reconnecting"))
+	require.False(t, p.logContains("unknown delivery tag"), "no stale ack")
+	require.False(t, p.exited())
+}
+
+// Acceptance: PostgreSQL restarted under load: nothing lost, nothing
+// doubled, and inboxd recovers without a restart.
+func TestDisruptivePostgresRestart(t *testing.T) {
+	requireDisruptive(t)
+	b := setup(t)
+	p := startProcess(t, serviceEnv(b.db, b.broker, "INBOX_CLAIM_LEASE=500ms"))
+	w := loadgen.Generate(loadgen.Spec{Orders: 4000, DuplicateRate: 0.3, ResendRate: 0.05, Seed: 10})
+	published := publishSlowly(t, b.broker.URL, w, 20*time.Millisecond)
+	require.Eventually(t, func() bool {
+		return b.count(t, "SELECT count(*) FROM inbox WHERE status = 'processed'") > 300
+	}, 30*time.Second, 10*time.Millisecond)
+
+	runShell(t, "TEST_PG_RESTART_CMD", "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql | head -n1) main restart")
+
+	require.NoError(t, <-published)
+	b.waitDrained(t, w.UniqueMessageIDs, 120*time.Second)
+	b.requireExactlyOnce(t, w)
+	require.False(t, p.exited(), "inboxd recovered without a restart")
+}
