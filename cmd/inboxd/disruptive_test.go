@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/orderconfirm/inboxd/internal/inbox"
 	"github.com/orderconfirm/inboxd/internal/loadgen"
 )
 
@@ -77,4 +78,5 @@ func TestDisruptivePostgresRestart(t *testing.T) {
 	b.waitDrained(t, w.UniqueMessageIDs, 120*time.Second)
 	b.requireExactlyOnce(t, w)
 	require.False(t, p.exited(), "inboxd recovered without a restart")
+	require.Zero(t, b.queueDepth(t, inbox.QueueDead), "ingest paused instead of dead-lettering")
 }

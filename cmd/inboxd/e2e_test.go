@@ -206,6 +206,19 @@ func TestMalformedInputEndsDeadWithAReason(t *testing.T) {
 	require.False(t, p.exited(), "the consumer never crashed")
 }
 
+// queueDepth returns the number of ready messages in a queue.
+func (b *e2eBundle) queueDepth(t *testing.T, queue string) int {
+	t.Helper()
+	conn, err := amqp.Dial(b.broker.URL)
+	require.NoError(t, err)
+	defer conn.Close()
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	require.NoError(t, err)
+	return q.Messages
+}
+
 func (b *e2eBundle) status(t *testing.T, messageID string) string {
 	t.Helper()
 	var s string

@@ -207,3 +207,26 @@ func TestConsumer(t *testing.T) {
 		require.Eventually(t, func() bool { return b.inboxCount(t) == 200 }, 30*time.Second, 20*time.Millisecond)
 	})
 }
+
+func TestConsumerNoticesItsQueueDeleted(t *testing.T) {
+	t.Parallel()
+	b := setupConsumer(t)
+	b.start(t, inbox.ConsumerConfig{})
+	require.NoError(t, loadgen.Publish(t.Context(), b.broker.URL, messages("a", 50), 50))
+	require.Eventually(t, func() bool { return b.inboxCount(t) == 50 }, 20*time.Second, 20*time.Millisecond)
+
+	conn, err := amqp.Dial(b.broker.URL)
+	require.NoError(t, err)
+	defer conn.Close()
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	_, err = ch.QueueDelete(inbox.QueueInbox, false, false, false)
+	require.NoError(t, err)
+
+	// The broker cancels the consumer; ingest reconnects and declares the
+	// queue again. Publish until the new queue is bound and consumed.
+	require.Eventually(t, func() bool {
+		_ = loadgen.Publish(t.Context(), b.broker.URL, messages("b", 10), 10)
+		return b.inboxCount(t) == 60
+	}, 30*time.Second, 500*time.Millisecond)
+}

@@ -394,3 +394,33 @@ func TestWorkerFailureIsBounded(t *testing.T) {
 		require.Zero(t, n)
 	})
 }
+
+func TestWorkerHandlerTimeout(t *testing.T) {
+	t.Parallel()
+	b := setupWorker(t)
+	insertMessages(t, b.db.Pool, 3)
+	inner := b.handler
+	w, err := inbox.NewWorker(b.db.Pool, &inbox.WorkerConfig{
+		Logger:         testenv.Logger(t),
+		HandlerTimeout: 200 * time.Millisecond,
+		RetryBase:      time.Hour,
+		RetryMax:       time.Hour,
+		Handler: handlerFunc(func(ctx context.Context, tx pgx.Tx, msgs []inbox.Message) ([]inbox.Outcome, error) {
+			for _, m := range msgs {
+				if m.MessageID == "m-1" {
+					<-ctx.Done() // stuck until the timeout
+					return nil, ctx.Err()
+				}
+			}
+			return inner.HandleBatch(ctx, tx, msgs)
+		}),
+	})
+	require.NoError(t, err)
+	_, err = w.RunOnce(t.Context())
+	require.NoError(t, err)
+	stuck := readRow(t, b.db.Pool, "m-1")
+	require.Equal(t, inbox.StatusPending, stuck.Status)
+	require.Contains(t, *stuck.LastError, "context deadline exceeded")
+	require.Equal(t, inbox.StatusProcessed, readRow(t, b.db.Pool, "m-0").Status)
+	require.Equal(t, inbox.StatusProcessed, readRow(t, b.db.Pool, "m-2").Status)
+}
