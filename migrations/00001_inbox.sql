@@ -40,7 +40,7 @@ CREATE TABLE inbox (
 )
 -- Free space on every page lets the claim's update (attempts, claimed_at:
 -- no indexed column) stay on the page as a HOT update.
-WITH (fillfactor = 70);
+WITH (fillfactor = 50);
 
 -- The claim query reads only pending rows in arrival order. A partial index
 -- keeps it small and fast however many processed rows pile up.
