@@ -6,3 +6,8 @@ SELECT coalesce(current_schema(), '')::text AS schema;
 -- SessionListenInboxPending subscribes the session to the inbox_pending
 -- notifications sent by the inbox_notify trigger.
 LISTEN inbox_pending;
+
+-- name: SessionListenOutboxPending :exec
+-- SessionListenOutboxPending subscribes the session to the outbox_pending
+-- notifications sent by the outbox_notify trigger.
+LISTEN outbox_pending;

@@ -46,6 +46,8 @@ type config struct {
 	retryBase        time.Duration
 	retryMax         time.Duration
 	claimLease       time.Duration
+	relayBatchSize   int
+	relayLease       time.Duration
 	statementTimeout time.Duration
 	idleInTxTimeout  time.Duration
 	dbConnectTimeout time.Duration
@@ -91,6 +93,8 @@ func (c *config) settings() []setting {
 		{name: "INBOX_RETRY_BASE", def: "1s", doc: "delay before the first retry; doubled per attempt, with jitter", apply: durationVar(&c.retryBase, time.Millisecond)},
 		{name: "INBOX_RETRY_MAX", def: "5m", doc: "longest delay between retries", apply: durationVar(&c.retryMax, time.Millisecond)},
 		{name: "INBOX_CLAIM_LEASE", def: "5s", doc: "how long other workers leave a claimed message alone; after a crash its messages run again once it has passed", apply: durationVar(&c.claimLease, 10*time.Millisecond)},
+		{name: "INBOX_RELAY_BATCH_SIZE", def: "256", doc: "most outbox rows published at once", apply: intVar(&c.relayBatchSize, 1, 10000)},
+		{name: "INBOX_RELAY_LEASE", def: "30s", doc: "how long a relay's claim on outbox rows lasts; after a crash they are published again, under the same ids, once it has passed", apply: durationVar(&c.relayLease, time.Second)},
 		{name: "INBOX_STATEMENT_TIMEOUT", def: "30s", doc: "PostgreSQL statement_timeout of every connection", apply: durationVar(&c.statementTimeout, time.Millisecond)},
 		{name: "INBOX_IDLE_IN_TX_TIMEOUT", def: "60s", doc: "PostgreSQL idle_in_transaction_session_timeout of every connection", apply: durationVar(&c.idleInTxTimeout, time.Millisecond)},
 		{name: "INBOX_DB_CONNECT_TIMEOUT", def: "5s", doc: "bound on opening one PostgreSQL connection", apply: durationVar(&c.dbConnectTimeout, time.Millisecond)},

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
@@ -22,6 +23,7 @@ import (
 type e2eBundle struct {
 	db     *testenv.DB
 	broker *testenv.Broker
+	events <-chan amqp.Delivery // everything the relay publishes
 }
 
 func setup(t *testing.T) *e2eBundle {
@@ -30,7 +32,52 @@ func setup(t *testing.T) *e2eBundle {
 	// Declared up front so that nothing published before inboxd connects
 	// is unroutable.
 	require.NoError(t, loadgen.DeclareTopology(b.broker.URL, inbox.QueueTypeQuorum))
+	// A downstream consumer of every event.
+	conn, err := amqp.Dial(b.broker.URL)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	_, err = ch.QueueDeclare("downstream", true, false, false, false, nil)
+	require.NoError(t, err)
+	require.NoError(t, ch.QueueBind("downstream", "#", inbox.ExchangeEvents, false, nil))
+	b.events, err = ch.Consume("downstream", "", true, false, false, false, nil)
+	require.NoError(t, err)
 	return b
+}
+
+// requireEventsOnce checks that the relay published every outbox row, and
+// that the downstream queue received exactly the expected effects: an
+// order.confirmed and an email.requested for each confirmed order, each under
+// the message id "<confirming message id>:<event>". A republish after a crash
+// may deliver an id twice, never a second id for one effect.
+func (b *e2eBundle) requireEventsOnce(t *testing.T) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		return b.count(t, "SELECT count(*) FROM outbox WHERE published_at IS NULL") == 0
+	}, 60*time.Second, 20*time.Millisecond, "the relay published every outbox row")
+	rows, err := b.db.Pool.Query(t.Context(), "SELECT message_id FROM inbox WHERE result = $1", orders.ResultConfirmed)
+	require.NoError(t, err)
+	confirming, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	want := map[string]bool{}
+	for _, id := range confirming {
+		want[orders.IdempotencyKey(id, orders.EventOrderConfirmed)] = true
+		want[orders.IdempotencyKey(id, orders.EventEmailRequested)] = true
+	}
+	require.Equal(t, len(want), b.count(t, "SELECT count(*) FROM outbox"), "one outbox row per effect")
+
+	got := map[string]int{}
+	timeout := time.After(60 * time.Second)
+	for len(got) < len(want) {
+		select {
+		case d := <-b.events:
+			require.True(t, want[d.MessageId], "unexpected event id %q", d.MessageId)
+			got[d.MessageId]++
+		case <-timeout:
+			t.Fatalf("%d of %d events arrived", len(got), len(want))
+		}
+	}
 }
 
 // count runs a counting query. It retries for a while when PostgreSQL is
@@ -89,6 +136,7 @@ func TestExactlyOnceUnderRedelivery(t *testing.T) {
 	b.waitDrained(t, w.UniqueMessageIDs, 60*time.Second)
 	b.requireExactlyOnce(t, w)
 	require.Zero(t, b.count(t, "SELECT count(*) FROM inbox WHERE attempts <> 1"), "nothing was handled twice")
+	b.requireEventsOnce(t)
 }
 
 // Acceptance: the same while inboxd is killed with SIGKILL and restarted,
@@ -96,7 +144,7 @@ func TestExactlyOnceUnderRedelivery(t *testing.T) {
 func TestExactlyOnceAcrossSIGKILL(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	env := serviceEnv(b.db, b.broker, "INBOX_WORKER_BATCH_SIZE=20", "INBOX_INGEST_BATCH_SIZE=50")
+	env := serviceEnv(b.db, b.broker, "INBOX_WORKER_BATCH_SIZE=20", "INBOX_INGEST_BATCH_SIZE=50", "INBOX_RELAY_LEASE=1s", "INBOX_CLAIM_LEASE=500ms")
 	w := loadgen.Generate(loadgen.Spec{Orders: 1000, DuplicateRate: 0.3, ResendRate: 0.05, Seed: 2})
 
 	published := make(chan error, 1)
@@ -126,6 +174,7 @@ func TestExactlyOnceAcrossSIGKILL(t *testing.T) {
 	startProcess(t, env)
 	b.waitDrained(t, w.UniqueMessageIDs, 90*time.Second)
 	b.requireExactlyOnce(t, w)
+	b.requireEventsOnce(t)
 	t.Logf("killed inboxd %d times; %d unique messages, %d published", kills, w.UniqueMessageIDs, len(w.Messages))
 }
 

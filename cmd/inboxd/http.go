@@ -10,12 +10,13 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/orderconfirm/inboxd/internal/inbox"
+	"github.com/orderconfirm/inboxd/internal/outbox"
 )
 
 // newHTTPHandler serves /healthz (the process is alive) and /readyz (it can
-// reach PostgreSQL and is consuming from RabbitMQ), and, when withPprof,
-// Go's profiler under /debug/pprof/.
-func newHTTPHandler(pool *pgxpool.Pool, consumer *inbox.Consumer, withPprof bool) http.Handler {
+// reach PostgreSQL, is consuming from RabbitMQ and its relay is connected),
+// and, when withPprof, Go's profiler under /debug/pprof/.
+func newHTTPHandler(pool *pgxpool.Pool, consumer *inbox.Consumer, relay *outbox.Relay, withPprof bool) http.Handler {
 	mux := http.NewServeMux()
 	if withPprof {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
@@ -30,7 +31,7 @@ func newHTTPHandler(pool *pgxpool.Pool, consumer *inbox.Consumer, withPprof bool
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
 		defer cancel()
-		checks := map[string]string{"postgres": "ok", "rabbitmq": "ok"}
+		checks := map[string]string{"postgres": "ok", "rabbitmq": "ok", "relay": "ok"}
 		status := http.StatusOK
 		if err := pool.Ping(ctx); err != nil {
 			checks["postgres"] = "unreachable"
@@ -38,6 +39,10 @@ func newHTTPHandler(pool *pgxpool.Pool, consumer *inbox.Consumer, withPprof bool
 		}
 		if !consumer.Consuming() {
 			checks["rabbitmq"] = "not consuming"
+			status = http.StatusServiceUnavailable
+		}
+		if !relay.Connected() {
+			checks["relay"] = "not connected"
 			status = http.StatusServiceUnavailable
 		}
 		writeJSON(w, status, checks)

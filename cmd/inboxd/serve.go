@@ -16,6 +16,7 @@ import (
 	"github.com/orderconfirm/inboxd/internal/inbox"
 	"github.com/orderconfirm/inboxd/internal/migrate"
 	"github.com/orderconfirm/inboxd/internal/orders"
+	"github.com/orderconfirm/inboxd/internal/outbox"
 )
 
 // wrapHandler wraps the order handler; the crashtest build of the tests
@@ -31,7 +32,8 @@ func migrateUp(ctx context.Context, cfg *config, logger *slog.Logger) error {
 	return nil
 }
 
-// serve runs the service until ctx ends, then stops it within
+// serve runs the service (ingest, workers, the outbox relay, the listener
+// that wakes them, the HTTP endpoint) until ctx ends, then stops it within
 // cfg.shutdownTimeout.
 func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
 	if cfg.migrate {
@@ -52,6 +54,11 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
 		return err
 	}
 	defer workerPool.Close()
+	relayPool, err := newPool(ctx, cfg, "relay", 2)
+	if err != nil {
+		return err
+	}
+	defer relayPool.Close()
 
 	worker, err := inbox.NewWorker(workerPool, &inbox.WorkerConfig{
 		Handler:        wrapHandler(orders.NewHandler(logger)),
@@ -87,12 +94,27 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	relay, err := outbox.NewRelay(relayPool, &outbox.RelayConfig{
+		URL:            cfg.amqpURL,
+		Logger:         logger,
+		ConnectionName: fmt.Sprintf("inboxd relay %s/%d", hostname, os.Getpid()),
+		QueueType:      cfg.queueType,
+		BatchSize:      cfg.relayBatchSize,
+		PollInterval:   cfg.pollInterval,
+		Lease:          cfg.relayLease,
+		RetryBase:      cfg.retryBase,
+		RetryMax:       cfg.retryMax,
+		Heartbeat:      cfg.amqpHeartbeat,
+	})
+	if err != nil {
+		return err
+	}
 	listenConfig := cfg.dbConfig.ConnConfig.Copy()
 	listenConfig.RuntimeParams["application_name"] += " listener"
-	listener := inbox.NewListener(listenConfig, logger, worker.Notify)
+	listener := inbox.NewListener(listenConfig, logger, worker.Notify, relay.Notify)
 
 	httpServer := &http.Server{
-		Handler:           newHTTPHandler(workerPool, consumer, cfg.pprof),
+		Handler:           newHTTPHandler(workerPool, consumer, relay, cfg.pprof),
 		ReadHeaderTimeout: 5 * time.Second,
 	}
 	ln, err := net.Listen("tcp", cfg.httpAddr)
@@ -115,6 +137,9 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
 	if err := consumer.Start(ctx); err != nil {
 		return err
 	}
+	if err := relay.Start(ctx); err != nil {
+		return err
+	}
 	logger.Info("inboxd serving", slog.String("http_addr", ln.Addr().String()),
 		slog.Int("workers", cfg.workers), slog.Int("ingest_channels", cfg.ingestChannels))
 
@@ -129,6 +154,7 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
 	var stopping sync.WaitGroup
 	stopping.Go(func() { consumer.Stop(stopCtx) })
 	stopping.Go(func() { worker.Stop(stopCtx) })
+	stopping.Go(func() { relay.Stop(stopCtx) })
 	stopping.Wait()
 	stopListener()
 	_ = httpServer.Shutdown(stopCtx)

@@ -59,3 +59,24 @@ type OrderConfirmation struct {
 	CreatedAt time.Time
 	UpdatedAt time.Time
 }
+
+type Outbox struct {
+	ID             int64
+	IdempotencyKey string
+	RoutingKey     string
+	Payload        []byte
+	MessageID      string
+	CreatedAt      time.Time
+	PublishedAt    *time.Time
+	Attempts       int32
+	ClaimedAt      *time.Time
+	NextAttemptAt  time.Time
+	LastError      pgtype.Text
+}
+
+type OutboxBacklog struct {
+	Unpublished     int64
+	Failing         int64
+	OldestCreatedAt interface{}
+	OldestAge       int32
+}

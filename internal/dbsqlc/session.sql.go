@@ -31,3 +31,14 @@ func (q *Queries) SessionListenInboxPending(ctx context.Context, db DBTX) error 
 	_, err := db.Exec(ctx, sessionListenInboxPending)
 	return err
 }
+
+const sessionListenOutboxPending = `-- name: SessionListenOutboxPending :exec
+LISTEN outbox_pending
+`
+
+// SessionListenOutboxPending subscribes the session to the outbox_pending
+// notifications sent by the outbox_notify trigger.
+func (q *Queries) SessionListenOutboxPending(ctx context.Context, db DBTX) error {
+	_, err := db.Exec(ctx, sessionListenOutboxPending)
+	return err
+}

@@ -19,6 +19,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/orderconfirm/inboxd/internal/dbsqlc"
+	"github.com/orderconfirm/inboxd/internal/retry"
 )
 
 // MaxMessageIDBytes is the longest message_id (and type) ingest stores.
@@ -183,10 +184,10 @@ func (c *Consumer) run(fetchCtx, workCtx context.Context) {
 			failures = 0
 		}
 		failures++
-		delay := backoff(failures, 200*time.Millisecond, 15*time.Second)
+		delay := retry.Backoff(failures, 200*time.Millisecond, 15*time.Second)
 		c.logger.Warn("broker session ended, reconnecting",
 			slog.String("error", errString(err)), slog.Duration("retry_in", delay))
-		if !sleep(fetchCtx, delay) {
+		if !retry.Sleep(fetchCtx, delay) {
 			return
 		}
 	}
@@ -479,10 +480,10 @@ func (c *Consumer) storeUntilDone(ctx context.Context, b *batch, rows []row) (in
 		if ctx.Err() != nil || b.ch.IsClosed() {
 			return 0, nil, fmt.Errorf("store batch: %w", err)
 		}
-		delay := backoff(attempt, 100*time.Millisecond, 5*time.Second)
+		delay := retry.Backoff(attempt, 100*time.Millisecond, 5*time.Second)
 		c.logger.Error("store batch failed, holding deliveries and retrying",
 			slog.Int("rows", len(rows)), slog.String("error", err.Error()), slog.Duration("retry_in", delay))
-		if !sleep(ctx, delay) {
+		if !retry.Sleep(ctx, delay) {
 			return 0, nil, fmt.Errorf("store batch: %w", err)
 		}
 	}

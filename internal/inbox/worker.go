@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"runtime/debug"
 	"sync"
 	"time"
@@ -15,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/orderconfirm/inboxd/internal/dbsqlc"
+	"github.com/orderconfirm/inboxd/internal/retry"
 )
 
 // Statuses of an inbox row.
@@ -184,9 +184,9 @@ func (w *Worker) loop(fetchCtx, workCtx context.Context, n int) {
 			return false
 		}
 		failures++
-		delay := backoff(failures, 100*time.Millisecond, 10*time.Second)
+		delay := retry.Backoff(failures, 100*time.Millisecond, 10*time.Second)
 		logger.Error("work batch failed", slog.String("error", err.Error()), slog.Duration("retry_in", delay))
-		return sleep(fetchCtx, delay)
+		return retry.Sleep(fetchCtx, delay)
 	}
 	for fetchCtx.Err() == nil {
 		claimed, err := w.runBatch(workCtx)
@@ -431,7 +431,7 @@ func (w *Worker) complete(ctx context.Context, tx pgx.Tx, msgs []Message, outcom
 			w.logger.Warn("message dead", slog.String("message_id", m.MessageID),
 				slog.String("message_type", m.Type), slog.Int("attempt", m.Attempt), slog.String("error", out.Err.Error()))
 		default:
-			delay := backoff(m.Attempt, w.cfg.RetryBase, w.cfg.RetryMax)
+			delay := retry.Backoff(m.Attempt, w.cfg.RetryBase, w.cfg.RetryMax)
 			var ra *retryAfterError
 			if errors.As(out.Err, &ra) {
 				delay = ra.after
@@ -447,29 +447,4 @@ func (w *Worker) complete(ctx context.Context, tx pgx.Tx, msgs []Message, outcom
 		return fmt.Errorf("record outcomes: %w", err)
 	}
 	return nil
-}
-
-// backoff returns the delay before retry number attempt (1-based): base
-// doubled per attempt and capped at max, then jittered to a random point
-// between half of that and all of it, so retries of many messages spread out.
-func backoff(attempt int, base, max time.Duration) time.Duration {
-	d := base
-	for i := 1; i < attempt && d < max; i++ {
-		d *= 2
-	}
-	d = min(d, max)
-	half := d / 2
-	return half + rand.N(half+1)
-}
-
-// sleep waits for d or until ctx ends, and reports whether it waited in full.
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }

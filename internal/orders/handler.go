@@ -56,8 +56,9 @@ var _ inbox.Handler = (*Handler)(nil)
 func (h *Handler) HandleBatch(ctx context.Context, tx pgx.Tx, msgs []inbox.Message) ([]inbox.Outcome, error) {
 	outcomes := make([]inbox.Outcome, len(msgs))
 	var created []pendingCreate
+	var events outboxRows
 	flush := func() error {
-		if err := h.confirm(ctx, tx, created, outcomes); err != nil {
+		if err := h.confirm(ctx, tx, created, outcomes, &events); err != nil {
 			return err
 		}
 		created = created[:0]
@@ -86,11 +87,17 @@ func (h *Handler) HandleBatch(ctx context.Context, tx pgx.Tx, msgs []inbox.Messa
 				return nil, err
 			}
 			outcomes[i].Result = result
+			if result == ResultCancelled || result == ResultCancelledUnseen {
+				events.add(m.MessageID, EventOrderCancelled, orderEvent{EventType: EventOrderCancelled, OrderID: cancel.OrderID, Reason: cancel.Reason, MessageID: m.MessageID})
+			}
 		default:
 			outcomes[i].Err = inbox.Permanentf("unknown message type %q", m.Type)
 		}
 	}
 	if err := flush(); err != nil {
+		return nil, err
+	}
+	if err := events.insert(ctx, tx, h.queries); err != nil {
 		return nil, err
 	}
 	return outcomes, nil
@@ -104,7 +111,7 @@ type pendingCreate struct {
 
 // confirm inserts the orders' rows in one statement and sets each message's
 // result from which rows it inserted.
-func (h *Handler) confirm(ctx context.Context, tx pgx.Tx, created []pendingCreate, outcomes []inbox.Outcome) error {
+func (h *Handler) confirm(ctx context.Context, tx pgx.Tx, created []pendingCreate, outcomes []inbox.Outcome, events *outboxRows) error {
 	if len(created) == 0 {
 		return nil
 	}
@@ -128,6 +135,13 @@ func (h *Handler) confirm(ctx context.Context, tx pgx.Tx, created []pendingCreat
 	for _, c := range created {
 		if insertedBy[c.messageID] {
 			outcomes[c.index].Result = ResultConfirmed
+			o := c.order
+			events.add(c.messageID, EventOrderConfirmed, orderEvent{
+				EventType: EventOrderConfirmed, OrderID: o.OrderID, UserID: o.UserID, Email: o.Email, Items: o.Items, MessageID: c.messageID,
+			})
+			events.add(c.messageID, EventEmailRequested, emailRequest{
+				EventType: EventEmailRequested, Template: "order-confirmation", OrderID: o.OrderID, To: o.Email, MessageID: c.messageID,
+			})
 		} else {
 			outcomes[c.index].Result = ResultAlreadyRecorded
 		}

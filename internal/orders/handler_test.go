@@ -141,3 +141,33 @@ func TestHandler(t *testing.T) {
 		require.Equal(t, 400, b.orderCount(t))
 	})
 }
+
+func (b *handlerBundle) outboxKeys(t *testing.T) []string {
+	t.Helper()
+	rows, err := b.db.Pool.Query(t.Context(), "SELECT idempotency_key FROM outbox ORDER BY id")
+	require.NoError(t, err)
+	keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	return keys
+}
+
+func TestHandlerWritesEffectsToTheOutbox(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.handle(t, created("m-1", "o-1"), created("m-2", "o-1"), cancelled("m-3", "o-9"))
+	require.Equal(t, []string{"m-1:order.confirmed", "m-1:email.requested", "m-3:order.cancelled"}, b.outboxKeys(t),
+		"the confirming message's effects; none for the same order under a new id")
+
+	// Handling the same messages again (a replay, or a batch retried after
+	// an unknown commit outcome) adds no effect.
+	b.handle(t, created("m-1", "o-1"), cancelled("m-3", "o-9"))
+	require.Len(t, b.outboxKeys(t), 3)
+
+	b.handle(t, cancelled("m-4", "o-1"))
+	require.Equal(t, "m-4:order.cancelled", b.outboxKeys(t)[3])
+
+	var payload string
+	require.NoError(t, b.db.Pool.QueryRow(t.Context(),
+		"SELECT payload::text FROM outbox WHERE idempotency_key = 'm-1:email.requested'").Scan(&payload))
+	require.JSONEq(t, `{"eventType":"email.requested","template":"order-confirmation","orderId":"o-1","to":"o-1@example.com","messageId":"m-1"}`, payload)
+}

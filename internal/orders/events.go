@@ -1,0 +1,73 @@
+package orders
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/orderconfirm/inboxd/internal/dbsqlc"
+)
+
+// Effects published on order-confirmation.events, as routing keys.
+const (
+	EventOrderConfirmed = "order.confirmed"
+	EventOrderRejected  = "order.rejected"
+	EventOrderCancelled = "order.cancelled"
+	EventEmailRequested = "email.requested"
+)
+
+// orderEvent is the body of order.confirmed, order.rejected and
+// order.cancelled.
+type orderEvent struct {
+	EventType string `json:"eventType"`
+	OrderID   string `json:"orderId"`
+	UserID    string `json:"userId,omitempty"`
+	Email     string `json:"email,omitempty"`
+	Items     []Item `json:"items,omitempty"`
+	Reason    string `json:"reason,omitempty"`
+	// MessageID is the inbox message that caused the event.
+	MessageID string `json:"messageId"`
+}
+
+// emailRequest is the body of email.requested.
+type emailRequest struct {
+	EventType string `json:"eventType"`
+	Template  string `json:"template"`
+	OrderID   string `json:"orderId"`
+	To        string `json:"to"`
+	MessageID string `json:"messageId"`
+}
+
+// IdempotencyKey is the outbox key, and the published AMQP message_id, of
+// the effect named by routingKey of handling the inbox message messageID.
+func IdempotencyKey(messageID, routingKey string) string {
+	return messageID + ":" + routingKey
+}
+
+// outboxRows collects the effects of a batch, written with one statement.
+type outboxRows struct {
+	p dbsqlc.OutboxInsertManyParams
+}
+
+func (o *outboxRows) add(messageID, routingKey string, body any) {
+	b, err := json.Marshal(body)
+	if err != nil {
+		panic(fmt.Sprintf("marshal %s event: %v", routingKey, err)) // the event types always marshal
+	}
+	o.p.IdempotencyKeys = append(o.p.IdempotencyKeys, IdempotencyKey(messageID, routingKey))
+	o.p.RoutingKeys = append(o.p.RoutingKeys, routingKey)
+	o.p.Payloads = append(o.p.Payloads, string(b))
+	o.p.MessageIds = append(o.p.MessageIds, messageID)
+}
+
+func (o *outboxRows) insert(ctx context.Context, tx pgx.Tx, q *dbsqlc.Queries) error {
+	if len(o.p.IdempotencyKeys) == 0 {
+		return nil
+	}
+	if err := q.OutboxInsertMany(ctx, tx, o.p); err != nil {
+		return fmt.Errorf("insert outbox rows: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,303 @@
+// Package outbox publishes the effects that leave the service. Handlers write
+// them to the outbox table in the same transaction as the state they follow
+// from; the Relay publishes them to RabbitMQ afterwards, outside any
+// transaction, and marks them published once the broker has confirmed them.
+package outbox
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/orderconfirm/inboxd/internal/dbsqlc"
+	"github.com/orderconfirm/inboxd/internal/inbox"
+	"github.com/orderconfirm/inboxd/internal/retry"
+)
+
+// RelayConfig configures a Relay.
+type RelayConfig struct {
+	// URL is the AMQP URL of the broker. Required.
+	URL string
+	// Logger receives the relay's logs. Defaults to slog.Default().
+	Logger *slog.Logger
+	// ConnectionName is shown by the broker for the relay's connection.
+	// Defaults to "inboxd relay".
+	ConnectionName string
+	// QueueType is the type of the queues the relay declares with the rest
+	// of the topology. Defaults to inbox.QueueTypeQuorum.
+	QueueType string
+	// BatchSize is the most rows claimed and published at once. Defaults to
+	// 256.
+	BatchSize int
+	// PollInterval is how often the relay looks for rows when nothing has
+	// woken it. Defaults to 1 second.
+	PollInterval time.Duration
+	// Lease is how long a claimed row is left to its relay; a row whose relay
+	// died is published again, under the same message id, once it has
+	// passed. Defaults to 30 seconds.
+	Lease time.Duration
+	// ConfirmTimeout bounds the wait for the broker's confirms of a batch.
+	// Defaults to 10 seconds.
+	ConfirmTimeout time.Duration
+	// RetryBase and RetryMax bound the delay before a row whose publish
+	// failed is tried again. Default to 1 second and 1 minute.
+	RetryBase, RetryMax time.Duration
+	// Heartbeat is the AMQP heartbeat interval. Defaults to 10 seconds.
+	Heartbeat time.Duration
+}
+
+func (c *RelayConfig) withDefaults() (*RelayConfig, error) {
+	out := *c
+	out.Logger = cmp.Or(out.Logger, slog.Default())
+	out.ConnectionName = cmp.Or(out.ConnectionName, "inboxd relay")
+	out.QueueType = cmp.Or(out.QueueType, inbox.QueueTypeQuorum)
+	out.BatchSize = cmp.Or(out.BatchSize, 256)
+	out.PollInterval = cmp.Or(out.PollInterval, time.Second)
+	out.Lease = cmp.Or(out.Lease, 30*time.Second)
+	out.ConfirmTimeout = cmp.Or(out.ConfirmTimeout, 10*time.Second)
+	out.RetryBase = cmp.Or(out.RetryBase, time.Second)
+	out.RetryMax = cmp.Or(out.RetryMax, time.Minute)
+	out.Heartbeat = cmp.Or(out.Heartbeat, 10*time.Second)
+	switch {
+	case out.URL == "":
+		return nil, errors.New("relay: URL is required")
+	case out.BatchSize < 1:
+		return nil, fmt.Errorf("relay: BatchSize must be at least 1, got %d", out.BatchSize)
+	case out.PollInterval <= 0, out.Lease <= 0, out.ConfirmTimeout <= 0, out.RetryBase <= 0, out.RetryMax < out.RetryBase, out.Heartbeat <= 0:
+		return nil, errors.New("relay: durations must be positive, RetryMax at least RetryBase")
+	}
+	return &out, nil
+}
+
+// Relay publishes outbox rows to inbox.ExchangeEvents as persistent messages
+// whose AMQP message_id is the row's idempotency key, with publisher
+// confirms, and marks them published only after the broker confirmed them.
+// Several relays, in several processes, can share one outbox: each claims
+// its rows first. A relay that dies between publishing and marking leaves
+// its claim behind; once the lease has passed the rows are published again,
+// under the same message ids, so consumers can drop the copies.
+type Relay struct {
+	pool    *pgxpool.Pool
+	cfg     *RelayConfig
+	logger  *slog.Logger
+	queries *dbsqlc.Queries
+	wake    chan struct{}
+
+	connected atomic.Bool
+
+	mu        sync.Mutex
+	stopFetch context.CancelFunc
+	done      chan struct{}
+}
+
+// NewRelay returns a Relay that reads the outbox through pool.
+func NewRelay(pool *pgxpool.Pool, cfg *RelayConfig) (*Relay, error) {
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	return &Relay{
+		pool:    pool,
+		cfg:     c,
+		logger:  c.Logger.With(slog.String("component", "outbox.relay")),
+		queries: dbsqlc.New(),
+		wake:    make(chan struct{}, 1),
+	}, nil
+}
+
+// Notify wakes the relay to look for rows. It never blocks.
+func (r *Relay) Notify() {
+	select {
+	case r.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Connected reports whether the relay holds a broker connection.
+func (r *Relay) Connected() bool { return r.connected.Load() }
+
+// Start connects in the background and returns at once.
+func (r *Relay) Start(ctx context.Context) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.done != nil {
+		return errors.New("relay: already started")
+	}
+	ctx, stop := context.WithCancel(ctx)
+	r.stopFetch, r.done = stop, make(chan struct{})
+	go func() {
+		defer close(r.done)
+		r.run(ctx)
+	}()
+	return nil
+}
+
+// Stop stops the relay after the batch in flight, or when ctx ends. Rows of
+// an unfinished batch keep their claim and are published again after the
+// lease.
+func (r *Relay) Stop(ctx context.Context) {
+	r.mu.Lock()
+	stop, done := r.stopFetch, r.done
+	r.mu.Unlock()
+	if done == nil {
+		return
+	}
+	stop()
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
+}
+
+func (r *Relay) run(ctx context.Context) {
+	failures := 0
+	for ctx.Err() == nil {
+		started := time.Now()
+		err := r.session(ctx)
+		r.connected.Store(false)
+		if ctx.Err() != nil {
+			return
+		}
+		if time.Since(started) > time.Minute {
+			failures = 0
+		}
+		failures++
+		delay := retry.Backoff(failures, 200*time.Millisecond, 15*time.Second)
+		r.logger.Warn("relay session ended, reconnecting", slog.String("error", err.Error()), slog.Duration("retry_in", delay))
+		if !retry.Sleep(ctx, delay) {
+			return
+		}
+	}
+}
+
+// session publishes on one connection until it fails or ctx ends.
+func (r *Relay) session(ctx context.Context) error {
+	conn, err := amqp.DialConfig(r.cfg.URL, amqp.Config{
+		Heartbeat:  r.cfg.Heartbeat,
+		Locale:     "en_US",
+		Dial:       amqp.DefaultDial(10 * time.Second),
+		Properties: amqp.Table{"connection_name": r.cfg.ConnectionName},
+	})
+	if err != nil {
+		return fmt.Errorf("connect to broker: %w", err)
+	}
+	defer func() { _ = conn.Close() }()
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("open channel: %w", err)
+	}
+	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
+	if err := inbox.DeclareTopology(ch, r.cfg.QueueType); err != nil {
+		return err
+	}
+	if err := ch.Confirm(false); err != nil {
+		return fmt.Errorf("enable publisher confirms: %w", err)
+	}
+	r.connected.Store(true)
+	r.logger.Info("relay connected to broker")
+
+	poll := time.NewTicker(r.cfg.PollInterval)
+	defer poll.Stop()
+	for {
+		n, err := r.publishBatch(ctx, ch)
+		if err != nil {
+			return err
+		}
+		if n > 0 {
+			continue
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case amqpErr := <-closed:
+			return fmt.Errorf("channel closed: %v", amqpErr)
+		case <-r.wake:
+		case <-poll.C:
+		}
+	}
+}
+
+// publishBatch claims rows, publishes them and records the outcome. It
+// returns an error only when the channel can no longer be used.
+func (r *Relay) publishBatch(ctx context.Context, ch *amqp.Channel) (int, error) {
+	rows, err := r.queries.OutboxClaimBatch(ctx, r.pool, dbsqlc.OutboxClaimBatchParams{
+		LeaseSeconds: r.cfg.Lease.Seconds(),
+		MaxRows:      int32(r.cfg.BatchSize),
+	})
+	if err != nil {
+		r.logger.Error("claim outbox rows", slog.String("error", err.Error()))
+		retry.Sleep(ctx, r.cfg.PollInterval)
+		return 0, nil
+	}
+	if len(rows) == 0 {
+		return 0, nil
+	}
+
+	confirms := make([]*amqp.DeferredConfirmation, len(rows))
+	var publishErr error
+	for i, row := range rows {
+		confirms[i], publishErr = ch.PublishWithDeferredConfirmWithContext(ctx, inbox.ExchangeEvents, row.RoutingKey, false, false, amqp.Publishing{
+			ContentType:  "application/json",
+			DeliveryMode: amqp.Persistent,
+			MessageId:    row.IdempotencyKey,
+			Type:         row.RoutingKey,
+			Timestamp:    row.CreatedAt,
+			AppId:        "inboxd",
+			Body:         []byte(row.Payload),
+		})
+		if publishErr != nil {
+			break
+		}
+	}
+
+	waitCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.ConfirmTimeout)
+	defer cancel()
+	var published, failed []int64
+	attempts := 1
+	for i, dc := range confirms {
+		if dc != nil {
+			if ok, err := dc.WaitContext(waitCtx); err == nil && ok {
+				published = append(published, rows[i].ID)
+				continue
+			}
+		}
+		failed = append(failed, rows[i].ID)
+		attempts = max(attempts, int(rows[i].Attempts))
+	}
+
+	// Record the outcome even while stopping: the broker has the messages.
+	recordCtx, cancelRecord := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancelRecord()
+	if len(published) > 0 {
+		if err := r.queries.OutboxMarkPublished(recordCtx, r.pool, published); err != nil {
+			// The rows stay claimed and are published again, under the same
+			// ids, once the lease has passed.
+			r.logger.Error("mark outbox rows published", slog.String("error", err.Error()), slog.Int("rows", len(published)))
+		}
+	}
+	if len(failed) > 0 {
+		reason := "broker did not confirm the publish"
+		if publishErr != nil {
+			reason = publishErr.Error()
+		}
+		delay := retry.Backoff(attempts, r.cfg.RetryBase, r.cfg.RetryMax)
+		if err := r.queries.OutboxRelease(recordCtx, r.pool, dbsqlc.OutboxReleaseParams{
+			Ids: failed, LastError: reason, RetryDelayMs: float64(delay.Milliseconds()),
+		}); err != nil {
+			r.logger.Error("release outbox rows", slog.String("error", err.Error()))
+		}
+		r.logger.Warn("outbox rows not published", slog.Int("rows", len(failed)), slog.String("error", reason))
+		if publishErr != nil || ch.IsClosed() {
+			return len(rows), fmt.Errorf("publish: %s", reason)
+		}
+	}
+	return len(rows), nil
+}

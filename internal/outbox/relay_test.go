@@ -1,0 +1,177 @@
+package outbox_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/orderconfirm/inboxd/internal/dbsqlc"
+	"github.com/orderconfirm/inboxd/internal/inbox"
+	"github.com/orderconfirm/inboxd/internal/loadgen"
+	"github.com/orderconfirm/inboxd/internal/outbox"
+	"github.com/orderconfirm/inboxd/internal/testenv"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testenv.Stop()
+	os.Exit(code)
+}
+
+type bundle struct {
+	db       *testenv.DB
+	broker   *testenv.Broker
+	received <-chan amqp.Delivery
+}
+
+// setup gives a schema, a vhost with the topology, and a queue bound to
+// every event, as a downstream consumer would have.
+func setup(t *testing.T) *bundle {
+	t.Helper()
+	b := &bundle{db: testenv.NewDB(t), broker: testenv.NewBroker(t)}
+	require.NoError(t, loadgen.DeclareTopology(b.broker.URL, inbox.QueueTypeQuorum))
+	conn, err := amqp.Dial(b.broker.URL)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	q, err := ch.QueueDeclare("downstream", true, false, false, false, nil)
+	require.NoError(t, err)
+	require.NoError(t, ch.QueueBind(q.Name, "#", inbox.ExchangeEvents, false, nil))
+	b.received, err = ch.Consume(q.Name, "", true, false, false, false, nil)
+	require.NoError(t, err)
+	return b
+}
+
+func (b *bundle) insertRows(t *testing.T, n int) map[string]bool {
+	t.Helper()
+	keys := map[string]bool{}
+	var p dbsqlc.OutboxInsertManyParams
+	for i := range n {
+		key := fmt.Sprintf("m-%d:order.confirmed", i)
+		keys[key] = true
+		p.IdempotencyKeys = append(p.IdempotencyKeys, key)
+		p.RoutingKeys = append(p.RoutingKeys, "order.confirmed")
+		p.Payloads = append(p.Payloads, fmt.Sprintf(`{"orderId":"o-%d"}`, i))
+		p.MessageIds = append(p.MessageIds, fmt.Sprintf("m-%d", i))
+	}
+	require.NoError(t, dbsqlc.New().OutboxInsertMany(t.Context(), b.db.Pool, p))
+	require.NoError(t, dbsqlc.New().OutboxInsertMany(t.Context(), b.db.Pool, p), "inserting the same effects again adds nothing")
+	return keys
+}
+
+func (b *bundle) startRelay(t *testing.T, cfg outbox.RelayConfig) *outbox.Relay {
+	t.Helper()
+	cfg.URL = b.broker.URL
+	cfg.Logger = testenv.Logger(t)
+	cfg.PollInterval = cmpOr(cfg.PollInterval, 50*time.Millisecond)
+	r, err := outbox.NewRelay(b.db.Pool, &cfg)
+	require.NoError(t, err)
+	require.NoError(t, r.Start(t.Context()))
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(t.Context()), 10*time.Second)
+		defer cancel()
+		r.Stop(ctx)
+	})
+	return r
+}
+
+func cmpOr(d, def time.Duration) time.Duration {
+	if d == 0 {
+		return def
+	}
+	return d
+}
+
+// receive collects published messages until every key has arrived, and
+// returns how often each message id came.
+func (b *bundle) receive(t *testing.T, keys map[string]bool) map[string]int {
+	t.Helper()
+	seen := map[string]int{}
+	distinct := 0
+	timeout := time.After(60 * time.Second)
+	for distinct < len(keys) {
+		select {
+		case d := <-b.received:
+			require.True(t, keys[d.MessageId], "unexpected message id %q", d.MessageId)
+			require.Equal(t, uint8(amqp.Persistent), d.DeliveryMode)
+			require.Equal(t, "application/json", d.ContentType)
+			if seen[d.MessageId] == 0 {
+				distinct++
+			}
+			seen[d.MessageId]++
+		case <-timeout:
+			t.Fatalf("%d of %d events arrived", distinct, len(keys))
+		}
+	}
+	return seen
+}
+
+func (b *bundle) unpublished(t *testing.T) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.db.Pool.QueryRow(context.WithoutCancel(t.Context()), "SELECT count(*) FROM outbox WHERE published_at IS NULL").Scan(&n))
+	return n
+}
+
+func TestRelay(t *testing.T) {
+	t.Parallel()
+
+	t.Run("PublishesEachRowOnceUnderItsKey", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		keys := b.insertRows(t, 600)
+		b.startRelay(t, outbox.RelayConfig{BatchSize: 100})
+		seen := b.receive(t, keys)
+		for id, n := range seen {
+			require.Equal(t, 1, n, "%s published %d times", id, n)
+		}
+		require.Eventually(t, func() bool { return b.unpublished(t) == 0 }, 10*time.Second, 20*time.Millisecond)
+	})
+
+	t.Run("RepublishesUnderTheSameIDAfterARelayDied", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		keys := b.insertRows(t, 50)
+		// A relay claimed the rows (and perhaps published them) and died
+		// before marking them published.
+		claimed, err := dbsqlc.New().OutboxClaimBatch(t.Context(), b.db.Pool, dbsqlc.OutboxClaimBatchParams{LeaseSeconds: 1, MaxRows: 1000})
+		require.NoError(t, err)
+		require.Len(t, claimed, 50)
+
+		b.startRelay(t, outbox.RelayConfig{Lease: time.Second})
+		seen := b.receive(t, keys)
+		require.Len(t, seen, 50)
+		require.Eventually(t, func() bool { return b.unpublished(t) == 0 }, 10*time.Second, 20*time.Millisecond)
+		var attempts int
+		require.NoError(t, b.db.Pool.QueryRow(t.Context(), "SELECT min(attempts) FROM outbox").Scan(&attempts))
+		require.Equal(t, 2, attempts, "taken over after the lease")
+	})
+
+	t.Run("SurvivesItsConnectionClosed", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		r := b.startRelay(t, outbox.RelayConfig{BatchSize: 10})
+		require.Eventually(t, r.Connected, 10*time.Second, 10*time.Millisecond)
+		keys := b.insertRows(t, 200)
+		require.Positive(t, b.broker.CloseConnections(t, "inboxd relay"))
+		var p dbsqlc.OutboxInsertManyParams
+		for i := range 200 {
+			key := fmt.Sprintf("n-%d:email.requested", i)
+			keys[key] = true
+			p.IdempotencyKeys = append(p.IdempotencyKeys, key)
+			p.RoutingKeys = append(p.RoutingKeys, "email.requested")
+			p.Payloads = append(p.Payloads, `{"orderId":"x"}`)
+			p.MessageIds = append(p.MessageIds, fmt.Sprintf("n-%d", i))
+		}
+		require.NoError(t, dbsqlc.New().OutboxInsertMany(t.Context(), b.db.Pool, p))
+		r.Notify()
+		b.receive(t, keys)
+		require.Eventually(t, func() bool { return b.unpublished(t) == 0 }, 20*time.Second, 20*time.Millisecond)
+	})
+}

@@ -1,0 +1,44 @@
+-- name: OutboxInsertMany :exec
+-- OutboxInsertMany records effects to publish, skipping every one whose
+-- idempotency key is already in the outbox.
+INSERT INTO outbox (idempotency_key, routing_key, payload, message_id)
+SELECT unnest(@idempotency_keys::text[]),
+       unnest(@routing_keys::text[]),
+       unnest(@payloads::text[])::jsonb,
+       unnest(@message_ids::text[])
+ON CONFLICT (idempotency_key) DO NOTHING;
+
+-- name: OutboxClaimBatch :many
+-- OutboxClaimBatch claims up to max_rows unpublished rows that are due,
+-- oldest first, skipping rows another relay holds (or claimed less than
+-- lease_seconds ago), and counts an attempt for each. It commits at once: the
+-- relay publishes outside any transaction, then marks the rows published.
+UPDATE outbox
+SET attempts = outbox.attempts + 1,
+    claimed_at = now()
+WHERE outbox.id IN (
+    SELECT id
+    FROM outbox
+    WHERE published_at IS NULL
+      AND next_attempt_at <= now()
+      AND (claimed_at IS NULL OR claimed_at < now() - make_interval(secs => sqlc.arg(lease_seconds)::float8))
+    ORDER BY id
+    LIMIT sqlc.arg(max_rows)
+    FOR UPDATE SKIP LOCKED
+)
+RETURNING outbox.id, outbox.idempotency_key, outbox.routing_key, outbox.payload::text AS payload, outbox.created_at, outbox.attempts;
+
+-- name: OutboxMarkPublished :exec
+-- OutboxMarkPublished records that the broker confirmed these rows.
+UPDATE outbox
+SET published_at = now(), claimed_at = NULL, last_error = NULL
+WHERE id = ANY(@ids::bigint[]);
+
+-- name: OutboxRelease :exec
+-- OutboxRelease gives claimed rows back after a failed publish, to be
+-- retried after retry_delay_ms.
+UPDATE outbox
+SET claimed_at = NULL,
+    last_error = @last_error::text,
+    next_attempt_at = now() + make_interval(secs => sqlc.arg(retry_delay_ms)::float8 / 1000)
+WHERE id = ANY(@ids::bigint[]) AND published_at IS NULL;
