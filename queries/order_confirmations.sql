@@ -32,3 +32,11 @@ RETURNING order_id;
 -- name: OrderConfirmationGetStatus :one
 -- OrderConfirmationGetStatus returns the status of one order.
 SELECT status FROM order_confirmations WHERE order_id = @order_id;
+
+-- name: OrderConfirmationRejectMany :exec
+-- OrderConfirmationRejectMany marks orders just confirmed in this transaction
+-- as rejected, each with its reason.
+UPDATE order_confirmations
+SET status = 'rejected', reason = u.reason, updated_at = now()
+FROM (SELECT unnest(@order_ids::text[]) AS order_id, unnest(@reasons::text[]) AS reason) AS u
+WHERE order_confirmations.order_id = u.order_id AND order_confirmations.status = 'confirmed';

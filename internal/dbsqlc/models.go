@@ -80,3 +80,25 @@ type OutboxBacklog struct {
 	OldestCreatedAt interface{}
 	OldestAge       int32
 }
+
+type Stock struct {
+	Sku       string
+	Available int32
+	UpdatedAt time.Time
+}
+
+type StockOverview struct {
+	Sku       string
+	Available int32
+	Reserved  int32
+	Orders    int64
+	UpdatedAt time.Time
+}
+
+type StockReservation struct {
+	OrderID    string
+	Sku        string
+	Quantity   int32
+	ReservedAt time.Time
+	ReleasedAt *time.Time
+}

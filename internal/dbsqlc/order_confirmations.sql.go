@@ -116,3 +116,22 @@ func (q *Queries) OrderConfirmationInsertMany(ctx context.Context, db DBTX, arg 
 	}
 	return items, nil
 }
+
+const orderConfirmationRejectMany = `-- name: OrderConfirmationRejectMany :exec
+UPDATE order_confirmations
+SET status = 'rejected', reason = u.reason, updated_at = now()
+FROM (SELECT unnest($1::text[]) AS order_id, unnest($2::text[]) AS reason) AS u
+WHERE order_confirmations.order_id = u.order_id AND order_confirmations.status = 'confirmed'
+`
+
+type OrderConfirmationRejectManyParams struct {
+	OrderIds []string
+	Reasons  []string
+}
+
+// OrderConfirmationRejectMany marks orders just confirmed in this transaction
+// as rejected, each with its reason.
+func (q *Queries) OrderConfirmationRejectMany(ctx context.Context, db DBTX, arg OrderConfirmationRejectManyParams) error {
+	_, err := db.Exec(ctx, orderConfirmationRejectMany, arg.OrderIds, arg.Reasons)
+	return err
+}

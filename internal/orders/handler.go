@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
 
 	"github.com/jackc/pgx/v5"
 
@@ -16,6 +18,7 @@ import (
 // Results recorded in inbox.result.
 const (
 	ResultConfirmed          = "confirmed"
+	ResultRejected           = "rejected"
 	ResultAlreadyRecorded    = "order already recorded"
 	ResultCancelled          = "cancelled"
 	ResultCancelledUnseen    = "cancelled before the order arrived"
@@ -26,10 +29,16 @@ const (
 //
 //   - order.created inserts the order's order_confirmations row with
 //     ON CONFLICT (order_id) DO NOTHING: an order already recorded, under
-//     whatever message id, is left as it is.
+//     whatever message id, is left as it is. A newly recorded order reserves
+//     the stock of all its items, or of none: then it is rejected, with the
+//     unknown or short SKUs as its reason.
 //   - order.cancelled moves a confirmed order to cancelled with a conditional
-//     UPDATE. A cancellation of an order not seen yet records the order as
-//     cancelled, so that its order.created, arriving later, confirms nothing.
+//     UPDATE and gives its reserved stock back. A cancellation of an order
+//     not seen yet records the order as cancelled, so that its order.created,
+//     arriving later, confirms and reserves nothing.
+//
+// Every effect that leaves the service is written to the outbox under a key
+// derived from the message, so handling a message again adds none.
 //
 // A body that is not valid JSON, or misses a required field, and a message
 // type it does not know are permanent failures: the message goes dead with
@@ -55,6 +64,31 @@ var _ inbox.Handler = (*Handler)(nil)
 // applies them in arrival order.
 func (h *Handler) HandleBatch(ctx context.Context, tx pgx.Tx, msgs []inbox.Message) ([]inbox.Outcome, error) {
 	outcomes := make([]inbox.Outcome, len(msgs))
+	decoded := make([]any, len(msgs))
+	for i, m := range msgs {
+		switch m.Type {
+		case TypeOrderCreated:
+			order, err := DecodeOrderCreated(m.Payload)
+			if err != nil {
+				outcomes[i].Err = inbox.Permanent(err)
+				continue
+			}
+			decoded[i] = order
+		case TypeOrderCancelled:
+			cancel, err := DecodeOrderCancelled(m.Payload)
+			if err != nil {
+				outcomes[i].Err = inbox.Permanent(err)
+				continue
+			}
+			decoded[i] = cancel
+		default:
+			outcomes[i].Err = inbox.Permanentf("unknown message type %q", m.Type)
+		}
+	}
+	if err := h.lockStock(ctx, tx, decoded); err != nil {
+		return nil, err
+	}
+
 	var created []pendingCreate
 	var events outboxRows
 	flush := func() error {
@@ -64,34 +98,22 @@ func (h *Handler) HandleBatch(ctx context.Context, tx pgx.Tx, msgs []inbox.Messa
 		created = created[:0]
 		return nil
 	}
-	for i, m := range msgs {
-		switch m.Type {
-		case TypeOrderCreated:
-			order, err := DecodeOrderCreated(m.Payload)
-			if err != nil {
-				outcomes[i].Err = inbox.Permanent(err)
-				continue
-			}
-			created = append(created, pendingCreate{index: i, messageID: m.MessageID, order: order})
-		case TypeOrderCancelled:
-			cancel, err := DecodeOrderCancelled(m.Payload)
-			if err != nil {
-				outcomes[i].Err = inbox.Permanent(err)
-				continue
-			}
+	for i, d := range decoded {
+		switch d := d.(type) {
+		case OrderCreated:
+			created = append(created, pendingCreate{index: i, messageID: msgs[i].MessageID, order: d})
+		case OrderCancelled:
 			if err := flush(); err != nil {
 				return nil, err
 			}
-			result, err := h.cancel(ctx, tx, m.MessageID, cancel)
+			result, err := h.cancel(ctx, tx, msgs[i].MessageID, d)
 			if err != nil {
 				return nil, err
 			}
 			outcomes[i].Result = result
 			if result == ResultCancelled || result == ResultCancelledUnseen {
-				events.add(m.MessageID, EventOrderCancelled, orderEvent{EventType: EventOrderCancelled, OrderID: cancel.OrderID, Reason: cancel.Reason, MessageID: m.MessageID})
+				events.add(msgs[i].MessageID, EventOrderCancelled, orderEvent{EventType: EventOrderCancelled, OrderID: d.OrderID, Reason: d.Reason, MessageID: msgs[i].MessageID})
 			}
-		default:
-			outcomes[i].Err = inbox.Permanentf("unknown message type %q", m.Type)
 		}
 	}
 	if err := flush(); err != nil {
@@ -103,14 +125,52 @@ func (h *Handler) HandleBatch(ctx context.Context, tx pgx.Tx, msgs []inbox.Messa
 	return outcomes, nil
 }
 
+// lockStock locks, once and in SKU order, every stock row the batch may
+// change: the items of its orders and the reservations of the orders it
+// cancels. Transactions that take their locks in one go and in one order
+// cannot deadlock each other.
+func (h *Handler) lockStock(ctx context.Context, tx pgx.Tx, decoded []any) error {
+	skuSet := map[string]bool{}
+	var cancelled []string
+	for _, d := range decoded {
+		switch d := d.(type) {
+		case OrderCreated:
+			for _, it := range d.Items {
+				skuSet[it.SKU] = true
+			}
+		case OrderCancelled:
+			cancelled = append(cancelled, d.OrderID)
+		}
+	}
+	if len(cancelled) > 0 {
+		reserved, err := h.queries.StockReservedSkus(ctx, tx, cancelled)
+		if err != nil {
+			return fmt.Errorf("read reserved skus: %w", err)
+		}
+		for _, sku := range reserved {
+			skuSet[sku] = true
+		}
+	}
+	if len(skuSet) == 0 {
+		return nil
+	}
+	skus := slices.Sorted(maps.Keys(skuSet))
+	if err := h.queries.StockLockMany(ctx, tx, skus); err != nil {
+		return fmt.Errorf("lock stock: %w", err)
+	}
+	return nil
+}
+
 type pendingCreate struct {
 	index     int
 	messageID string
 	order     OrderCreated
 }
 
-// confirm inserts the orders' rows in one statement and sets each message's
-// result from which rows it inserted.
+// confirm records the orders in one statement, reserves the stock of each
+// order it newly recorded (all of an order's items, or none), rejects the
+// orders whose stock falls short, and sets each message's result and
+// effects from that.
 func (h *Handler) confirm(ctx context.Context, tx pgx.Tx, created []pendingCreate, outcomes []inbox.Outcome, events *outboxRows) error {
 	if len(created) == 0 {
 		return nil
@@ -132,32 +192,93 @@ func (h *Handler) confirm(ctx context.Context, tx pgx.Tx, created []pendingCreat
 	for _, r := range rows {
 		insertedBy[r.MessageID] = true
 	}
+	var fresh []pendingCreate
 	for _, c := range created {
 		if insertedBy[c.messageID] {
-			outcomes[c.index].Result = ResultConfirmed
-			o := c.order
-			events.add(c.messageID, EventOrderConfirmed, orderEvent{
-				EventType: EventOrderConfirmed, OrderID: o.OrderID, UserID: o.UserID, Email: o.Email, Items: o.Items, MessageID: c.messageID,
-			})
-			events.add(c.messageID, EventEmailRequested, emailRequest{
-				EventType: EventEmailRequested, Template: "order-confirmation", OrderID: o.OrderID, To: o.Email, MessageID: c.messageID,
-			})
+			fresh = append(fresh, c)
 		} else {
 			outcomes[c.index].Result = ResultAlreadyRecorded
 		}
 	}
+	rejections, err := h.reserve(ctx, tx, fresh)
+	if err != nil {
+		return err
+	}
+	for i, c := range fresh {
+		o := c.order
+		if reason := rejections[i]; reason != "" {
+			outcomes[c.index].Result = ResultRejected
+			events.add(c.messageID, EventOrderRejected, orderEvent{
+				EventType: EventOrderRejected, OrderID: o.OrderID, UserID: o.UserID, Items: o.Items, Reason: reason, MessageID: c.messageID,
+			})
+			continue
+		}
+		outcomes[c.index].Result = ResultConfirmed
+		events.add(c.messageID, EventOrderConfirmed, orderEvent{
+			EventType: EventOrderConfirmed, OrderID: o.OrderID, UserID: o.UserID, Email: o.Email, Items: o.Items, MessageID: c.messageID,
+		})
+		events.add(c.messageID, EventEmailRequested, emailRequest{
+			EventType: EventEmailRequested, Template: "order-confirmation", OrderID: o.OrderID, To: o.Email, MessageID: c.messageID,
+		})
+	}
 	return nil
 }
 
-func (h *Handler) cancel(ctx context.Context, tx pgx.Tx, messageID string, m OrderCancelled) (string, error) {
-	_, err := h.queries.OrderConfirmationCancel(ctx, tx, dbsqlc.OrderConfirmationCancelParams{
-		OrderID: m.OrderID, Reason: m.Reason,
-	})
-	if err == nil {
-		return ResultCancelled, nil
+// reserve reserves the stock of each order, in order, and returns for each
+// the reason it was rejected ("" when its stock is reserved); the rejected
+// orders' rows are marked rejected. The stock rows are already locked (see
+// lockStock); the reservations run as one pipelined round trip.
+func (h *Handler) reserve(ctx context.Context, tx pgx.Tx, orders []pendingCreate) ([]string, error) {
+	if len(orders) == 0 {
+		return nil, nil
 	}
-	if !errors.Is(err, pgx.ErrNoRows) {
-		return "", fmt.Errorf("cancel order: %w", err)
+	params := make([]dbsqlc.StockReserveParams, len(orders))
+	for i, c := range orders {
+		params[i].OrderID = c.order.OrderID
+		for _, it := range c.order.Items {
+			params[i].Skus = append(params[i].Skus, it.SKU)
+			params[i].Quantities = append(params[i].Quantities, int32(it.Quantity))
+		}
+	}
+
+	reasons := make([]string, len(orders))
+	var batchErr error
+	h.queries.StockReserve(ctx, tx, params).QueryRow(func(i int, r dbsqlc.StockReserveRow, err error) {
+		switch {
+		case err != nil:
+			batchErr = cmp.Or(batchErr, err)
+		case r.Unknown != "":
+			reasons[i] = "unknown sku: " + r.Unknown
+		case r.Short != "":
+			reasons[i] = "insufficient stock: " + r.Short
+		}
+	})
+	if batchErr != nil {
+		return nil, fmt.Errorf("reserve stock: %w", batchErr)
+	}
+
+	var reject dbsqlc.OrderConfirmationRejectManyParams
+	for i, reason := range reasons {
+		if reason != "" {
+			reject.OrderIds = append(reject.OrderIds, orders[i].order.OrderID)
+			reject.Reasons = append(reject.Reasons, reason)
+		}
+	}
+	if len(reject.OrderIds) > 0 {
+		if err := h.queries.OrderConfirmationRejectMany(ctx, tx, reject); err != nil {
+			return nil, fmt.Errorf("reject orders: %w", err)
+		}
+	}
+	return reasons, nil
+}
+
+// cancel moves a confirmed order to cancelled and gives its stock back; the
+// conditional update makes both happen once, however often the cancellation
+// is handled.
+func (h *Handler) cancel(ctx context.Context, tx pgx.Tx, messageID string, m OrderCancelled) (string, error) {
+	cancelled, err := h.cancelConfirmed(ctx, tx, m)
+	if err != nil || cancelled {
+		return ResultCancelled, err
 	}
 	_, err = h.queries.OrderConfirmationInsertCancelled(ctx, tx, dbsqlc.OrderConfirmationInsertCancelledParams{
 		OrderID: m.OrderID, MessageID: messageID, Reason: m.Reason,
@@ -168,9 +289,32 @@ func (h *Handler) cancel(ctx context.Context, tx pgx.Tx, messageID string, m Ord
 	if !errors.Is(err, pgx.ErrNoRows) {
 		return "", fmt.Errorf("record early cancellation: %w", err)
 	}
+	// The order was recorded meanwhile, by a transaction that the insert
+	// waited for: it is visible now, so try the cancellation again.
+	if cancelled, err := h.cancelConfirmed(ctx, tx, m); err != nil || cancelled {
+		return ResultCancelled, err
+	}
 	status, err := h.queries.OrderConfirmationGetStatus(ctx, tx, m.OrderID)
 	if err != nil {
 		return "", fmt.Errorf("read order status: %w", err)
 	}
 	return ResultNotCancelledPrefix + status, nil
+}
+
+// cancelConfirmed cancels the order if it is confirmed, and then releases its
+// stock. It reports whether it did.
+func (h *Handler) cancelConfirmed(ctx context.Context, tx pgx.Tx, m OrderCancelled) (bool, error) {
+	_, err := h.queries.OrderConfirmationCancel(ctx, tx, dbsqlc.OrderConfirmationCancelParams{
+		OrderID: m.OrderID, Reason: m.Reason,
+	})
+	if errors.Is(err, pgx.ErrNoRows) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("cancel order: %w", err)
+	}
+	if _, err := h.queries.StockRelease(ctx, tx, m.OrderID); err != nil {
+		return false, fmt.Errorf("release stock: %w", err)
+	}
+	return true, nil
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"slices"
+	"sync"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -22,7 +24,26 @@ type handlerBundle struct {
 
 func setup(t *testing.T) *handlerBundle {
 	t.Helper()
-	return &handlerBundle{db: testenv.NewDB(t), handler: orders.NewHandler(testenv.Logger(t))}
+	b := &handlerBundle{db: testenv.NewDB(t), handler: orders.NewHandler(testenv.Logger(t))}
+	b.setStock(t, map[string]int{"SKU-1": 1_000_000, "SKU-2": 1_000_000, "SKU-3": 1_000_000})
+	return b
+}
+
+func (b *handlerBundle) setStock(t *testing.T, levels map[string]int) {
+	t.Helper()
+	for sku, n := range levels {
+		_, err := b.db.Pool.Exec(t.Context(), `
+			INSERT INTO stock (sku, available) VALUES ($1, $2)
+			ON CONFLICT (sku) DO UPDATE SET available = EXCLUDED.available`, sku, n)
+		require.NoError(t, err)
+	}
+}
+
+func (b *handlerBundle) available(t *testing.T, sku string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.db.Pool.QueryRow(t.Context(), "SELECT available FROM stock WHERE sku = $1", sku).Scan(&n))
+	return n
 }
 
 // handle runs one batch through the handler in a transaction and commits it.
@@ -170,4 +191,88 @@ func TestHandlerWritesEffectsToTheOutbox(t *testing.T) {
 	require.NoError(t, b.db.Pool.QueryRow(t.Context(),
 		"SELECT payload::text FROM outbox WHERE idempotency_key = 'm-1:email.requested'").Scan(&payload))
 	require.JSONEq(t, `{"eventType":"email.requested","template":"order-confirmation","orderId":"o-1","to":"o-1@example.com","messageId":"m-1"}`, payload)
+}
+
+func order(messageID, orderID string, items ...orders.Item) inbox.Message {
+	body, _ := json.Marshal(orders.OrderCreated{OrderID: orderID, UserID: "u", Email: "u@example.com", Items: items})
+	return inbox.Message{MessageID: messageID, Type: orders.TypeOrderCreated, Payload: body}
+}
+
+func TestHandlerReservesStock(t *testing.T) {
+	t.Parallel()
+
+	t.Run("AllOrNothing", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.setStock(t, map[string]int{"A": 5, "B": 1})
+		out := b.handle(t,
+			order("m-1", "o-1", orders.Item{SKU: "A", Quantity: 2}, orders.Item{SKU: "B", Quantity: 1}),
+			order("m-2", "o-2", orders.Item{SKU: "A", Quantity: 2}, orders.Item{SKU: "B", Quantity: 1}), // B is gone
+			order("m-3", "o-3", orders.Item{SKU: "A", Quantity: 1}, orders.Item{SKU: "NOPE", Quantity: 1}),
+			order("m-4", "o-4", orders.Item{SKU: "A", Quantity: 2}, orders.Item{SKU: "A", Quantity: 1}), // 3 of A, and only 3 left
+		)
+		require.Equal(t, orders.ResultConfirmed, out[0].Result)
+		require.Equal(t, orders.ResultRejected, out[1].Result)
+		require.Equal(t, orders.ResultRejected, out[2].Result)
+		require.Equal(t, orders.ResultConfirmed, out[3].Result)
+		require.Equal(t, 0, b.available(t, "A"))
+		require.Equal(t, 0, b.available(t, "B"))
+
+		var status, reason string
+		require.NoError(t, b.db.Pool.QueryRow(t.Context(), "SELECT status, reason FROM order_confirmations WHERE order_id = 'o-2'").Scan(&status, &reason))
+		require.Equal(t, "rejected", status)
+		require.Equal(t, "insufficient stock: B", reason)
+		require.NoError(t, b.db.Pool.QueryRow(t.Context(), "SELECT reason FROM order_confirmations WHERE order_id = 'o-3'").Scan(&reason))
+		require.Equal(t, "unknown sku: NOPE", reason)
+		var reservations int
+		require.NoError(t, b.db.Pool.QueryRow(t.Context(), "SELECT count(*) FROM stock_reservations WHERE order_id IN ('o-2', 'o-3')").Scan(&reservations))
+		require.Zero(t, reservations, "a rejected order reserves nothing")
+		require.Contains(t, b.outboxKeys(t), "m-2:order.rejected")
+		require.NotContains(t, b.outboxKeys(t), "m-2:email.requested")
+	})
+
+	t.Run("CancellationGivesStockBackOnce", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.setStock(t, map[string]int{"A": 10})
+		b.handle(t, order("m-1", "o-1", orders.Item{SKU: "A", Quantity: 4}))
+		require.Equal(t, 6, b.available(t, "A"))
+		b.handle(t, cancelled("m-2", "o-1"))
+		require.Equal(t, 10, b.available(t, "A"))
+		// The same cancellation again, under its id or a new one, and the
+		// order again under a new id: nothing moves.
+		b.handle(t, cancelled("m-2", "o-1"), cancelled("m-3", "o-1"), order("m-4", "o-1", orders.Item{SKU: "A", Quantity: 4}))
+		require.Equal(t, 10, b.available(t, "A"))
+	})
+
+	t.Run("ConcurrentBatchesNeitherOversellNorDeadlock", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.setStock(t, map[string]int{"A": 150, "B": 150, "C": 150})
+		var wg sync.WaitGroup
+		for w := range 4 {
+			wg.Go(func() {
+				var msgs []inbox.Message
+				for i := range 50 {
+					id := fmt.Sprintf("w%d-%d", w, i)
+					// Items in a different order per worker, to invite deadlocks.
+					items := []orders.Item{{SKU: "A", Quantity: 1}, {SKU: "B", Quantity: 1}, {SKU: "C", Quantity: 1}}
+					if w%2 == 1 {
+						slices.Reverse(items)
+					}
+					msgs = append(msgs, order("m-"+id, "o-"+id, items...))
+				}
+				b.handle(t, msgs...)
+			})
+		}
+		wg.Wait()
+		var confirmed, rejected int
+		require.NoError(t, b.db.Pool.QueryRow(t.Context(),
+			"SELECT count(*) FILTER (WHERE status = 'confirmed'), count(*) FILTER (WHERE status = 'rejected') FROM order_confirmations").Scan(&confirmed, &rejected))
+		require.Equal(t, 150, confirmed)
+		require.Equal(t, 50, rejected)
+		for _, sku := range []string{"A", "B", "C"} {
+			require.Zero(t, b.available(t, sku))
+		}
+	})
 }

@@ -1,0 +1,99 @@
+package main
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/orderconfirm/inboxd/internal/loadgen"
+)
+
+// Acceptance: 2,000 orders with 30% duplicates, 5% re-sent under new ids and
+// 10% cancelled, with inboxd killed by SIGKILL twice: every order has exactly
+// one outcome, stock adds up exactly, and every event and email request is
+// published, each under exactly one message id.
+func TestOrderDomainAcrossSIGKILL(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	env := serviceEnv(b.db, b.broker, "INBOX_WORKER_BATCH_SIZE=50", "INBOX_CLAIM_LEASE=500ms", "INBOX_RELAY_LEASE=1s")
+	w := loadgen.Generate(loadgen.Spec{Orders: 2000, DuplicateRate: 0.3, ResendRate: 0.05, CancelRate: 0.1, Seed: 11})
+	published := publishSlowly(t, b.broker.URL, w, 20*time.Millisecond)
+
+	for kill := 0; kill < 2; kill++ {
+		p := startProcess(t, env)
+		before := b.count(t, "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL")
+		require.Eventually(t, func() bool {
+			return b.count(t, "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL") > before+100
+		}, 30*time.Second, 5*time.Millisecond)
+		p.kill()
+	}
+	require.NoError(t, <-published)
+	startProcess(t, env)
+	b.waitDrained(t, w.UniqueMessageIDs, 90*time.Second)
+
+	require.Equal(t, w.UniqueMessageIDs, b.count(t, "SELECT count(*) FROM inbox WHERE status = 'processed'"))
+	require.Equal(t, len(w.OrderIDs), b.count(t, "SELECT count(*) FROM order_confirmations"), "one outcome per order")
+	require.Equal(t, len(w.Cancelled), b.count(t, "SELECT count(*) FROM order_confirmations WHERE status = 'cancelled'"))
+	require.Equal(t, len(w.OrderIDs)-len(w.Cancelled), b.count(t, "SELECT count(*) FROM order_confirmations WHERE status = 'confirmed'"))
+	b.requireStockAddsUp(t)
+	b.requireEventsOnce(t)
+	require.Equal(t, len(w.Cancelled), b.count(t, "SELECT count(*) FROM outbox WHERE routing_key = 'order.cancelled'"))
+}
+
+// Acceptance: an order whose stock is insufficient is rejected with its
+// reason and reserves nothing.
+func TestInsufficientStockRejects(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, err := b.db.Pool.Exec(t.Context(), "UPDATE stock SET available = 1 WHERE sku = 'SKU-2'")
+	require.NoError(t, err)
+	startProcess(t, serviceEnv(b.db, b.broker))
+	msgs := []loadgen.Message{
+		{MessageID: "m-1", RoutingKey: "order.created", Body: loadgen.OrderCreatedBody("o-1", 2)}, // 1 of SKU-1, 2 of SKU-2
+		{MessageID: "m-2", RoutingKey: "order.created", Body: loadgen.OrderCreatedBody("o-2", 1)},
+	}
+	require.NoError(t, loadgen.Publish(t.Context(), b.broker.URL, msgs, 10))
+	b.waitDrained(t, 2, 30*time.Second)
+
+	var status, reason string
+	require.NoError(t, b.db.Pool.QueryRow(t.Context(), "SELECT status, reason FROM order_confirmations WHERE order_id = 'o-1'").Scan(&status, &reason))
+	require.Equal(t, "rejected", status)
+	require.Equal(t, "insufficient stock: SKU-2", reason)
+	require.Zero(t, b.count(t, "SELECT count(*) FROM stock_reservations WHERE order_id = 'o-1'"))
+	require.Equal(t, 1, b.count(t, "SELECT available FROM stock WHERE sku = 'SKU-2'"))
+	require.Equal(t, initialStock-1, b.count(t, "SELECT available FROM stock WHERE sku = 'SKU-1'"), "only o-2 took SKU-1")
+	require.Equal(t, "rejected", b.resultOf(t, "m-1"))
+	b.requireEventsOnce(t)
+	require.Equal(t, 1, b.count(t, "SELECT count(*) FROM outbox WHERE idempotency_key = 'm-1:order.rejected'"))
+}
+
+func (b *e2eBundle) resultOf(t *testing.T, messageID string) string {
+	t.Helper()
+	var r string
+	require.NoError(t, b.db.Pool.QueryRow(t.Context(), "SELECT result FROM inbox WHERE message_id = $1", messageID).Scan(&r))
+	return r
+}
+
+// Acceptance: created then cancelled for the same order, published back to
+// back many times, always ends cancelled with its stock released, with
+// several workers and processes running.
+func TestCreatedThenCancelledAlwaysEndsCancelled(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	env := serviceEnv(b.db, b.broker, "INBOX_WORKERS=4", "INBOX_WORKER_BATCH_SIZE=5")
+	startProcess(t, env)
+	startProcess(t, env)
+	var msgs []loadgen.Message
+	const n = 300
+	for i := range n {
+		w := loadgen.Generate(loadgen.Spec{Orders: 1, CancelRate: 1, Seed: uint64(i), Prefix: "pair" + string(rune('a'+i%26)) + time.Duration(i).String()})
+		msgs = append(msgs, w.Messages...)
+	}
+	require.NoError(t, loadgen.PublishParallel(t.Context(), b.broker.URL, msgs, 2, 100))
+	b.waitDrained(t, 2*n, 60*time.Second)
+	require.Equal(t, n, b.count(t, "SELECT count(*) FROM order_confirmations WHERE status = 'cancelled'"))
+	b.requireStockAddsUp(t)
+	require.Zero(t, b.count(t, "SELECT count(*) FROM stock_reservations WHERE released_at IS NULL"))
+	b.requireEventsOnce(t)
+}
