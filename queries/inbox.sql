@@ -3,11 +3,12 @@
 -- message whose message_id is already in the inbox (or earlier in the batch),
 -- and returns the message ids it inserted. The ids it does not return were
 -- duplicates.
-INSERT INTO inbox (message_id, message_type, routing_key, payload)
+INSERT INTO inbox (message_id, message_type, routing_key, payload, order_key)
 SELECT unnest(@message_ids::text[]),
        unnest(@message_types::text[]),
        unnest(@routing_keys::text[]),
-       unnest(@payloads::bytea[])
+       unnest(@payloads::bytea[]),
+       nullif(unnest(@order_keys::text[]), '')
 ON CONFLICT (message_id) DO NOTHING
 RETURNING message_id;
 
@@ -17,16 +18,27 @@ RETURNING message_id;
 -- own and commits at once, so the attempt is counted even if the handler then
 -- kills the process: that is what bounds a crash loop. The caller then locks
 -- the rows with InboxLockClaimed.
+--
+-- A message is claimed only when no earlier message with its order_key is
+-- still open (pending, claimed, waiting for a retry, or dead): the messages
+-- of one order are handled one at a time, in arrival order, while different
+-- orders proceed in parallel.
 UPDATE inbox
 SET attempts = inbox.attempts + 1,
     claimed_at = now()
 WHERE inbox.id IN (
-    SELECT id
-    FROM inbox
-    WHERE status = 'pending'
-      AND next_attempt_at <= now()
-      AND claimed_at IS NULL
-    ORDER BY id
+    SELECT i.id
+    FROM inbox i
+    WHERE i.status = 'pending'
+      AND i.next_attempt_at <= now()
+      AND i.claimed_at IS NULL
+      AND (i.order_key IS NULL OR NOT EXISTS (
+          SELECT 1 FROM inbox e
+          WHERE e.order_key = i.order_key
+            AND e.id < i.id
+            AND e.status <> 'processed'
+      ))
+    ORDER BY i.id
     LIMIT sqlc.arg(max_rows)
     FOR UPDATE SKIP LOCKED
 )

@@ -90,6 +90,7 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
 		Heartbeat:              cfg.amqpHeartbeat,
 		StoreTimeout:           cfg.ingestStoreTimeout,
 		OnStored:               worker.Notify,
+		OrderingKey:            orders.OrderingKey,
 	})
 	if err != nil {
 		return err

@@ -15,12 +15,18 @@ UPDATE inbox
 SET attempts = inbox.attempts + 1,
     claimed_at = now()
 WHERE inbox.id IN (
-    SELECT id
-    FROM inbox
-    WHERE status = 'pending'
-      AND next_attempt_at <= now()
-      AND claimed_at IS NULL
-    ORDER BY id
+    SELECT i.id
+    FROM inbox i
+    WHERE i.status = 'pending'
+      AND i.next_attempt_at <= now()
+      AND i.claimed_at IS NULL
+      AND (i.order_key IS NULL OR NOT EXISTS (
+          SELECT 1 FROM inbox e
+          WHERE e.order_key = i.order_key
+            AND e.id < i.id
+            AND e.status <> 'processed'
+      ))
+    ORDER BY i.id
     LIMIT $1
     FOR UPDATE SKIP LOCKED
 )
@@ -32,6 +38,11 @@ RETURNING inbox.id
 // own and commits at once, so the attempt is counted even if the handler then
 // kills the process: that is what bounds a crash loop. The caller then locks
 // the rows with InboxLockClaimed.
+//
+// A message is claimed only when no earlier message with its order_key is
+// still open (pending, claimed, waiting for a retry, or dead): the messages
+// of one order are handled one at a time, in arrival order, while different
+// orders proceed in parallel.
 func (q *Queries) InboxClaimBatch(ctx context.Context, db DBTX, maxRows int32) ([]int64, error) {
 	rows, err := db.Query(ctx, inboxClaimBatch, maxRows)
 	if err != nil {
@@ -137,11 +148,12 @@ func (q *Queries) InboxCompleteMany(ctx context.Context, db DBTX, arg InboxCompl
 }
 
 const inboxInsertMany = `-- name: InboxInsertMany :many
-INSERT INTO inbox (message_id, message_type, routing_key, payload)
+INSERT INTO inbox (message_id, message_type, routing_key, payload, order_key)
 SELECT unnest($1::text[]),
        unnest($2::text[]),
        unnest($3::text[]),
-       unnest($4::bytea[])
+       unnest($4::bytea[]),
+       nullif(unnest($5::text[]), '')
 ON CONFLICT (message_id) DO NOTHING
 RETURNING message_id
 `
@@ -151,6 +163,7 @@ type InboxInsertManyParams struct {
 	MessageTypes []string
 	RoutingKeys  []string
 	Payloads     [][]byte
+	OrderKeys    []string
 }
 
 // InboxInsertMany stores a batch of messages in arrival order, skipping every
@@ -163,6 +176,7 @@ func (q *Queries) InboxInsertMany(ctx context.Context, db DBTX, arg InboxInsertM
 		arg.MessageTypes,
 		arg.RoutingKeys,
 		arg.Payloads,
+		arg.OrderKeys,
 	)
 	if err != nil {
 		return nil, err

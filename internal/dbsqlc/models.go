@@ -25,6 +25,7 @@ type Inbox struct {
 	ClaimedAt       *time.Time
 	ProcessedAt     *time.Time
 	ReplayRequested bool
+	OrderKey        pgtype.Text
 }
 
 type InboxDead struct {
@@ -37,6 +38,19 @@ type InboxDead struct {
 	DiedAt          *time.Time
 	ReplayRequested bool
 	PayloadBytes    float64
+}
+
+type InboxHeldBack struct {
+	OrderKey             pgtype.Text
+	BlockingID           int64
+	BlockingMessageID    string
+	BlockingMessageType  string
+	BlockingStatus       string
+	Attempts             int32
+	LastError            pgtype.Text
+	NextAttemptAt        time.Time
+	HeldMessages         int64
+	OldestHeldReceivedAt interface{}
 }
 
 type InboxOverview struct {

@@ -9,6 +9,37 @@ import (
 	"context"
 )
 
+const stockGetMany = `-- name: StockGetMany :many
+SELECT sku, available FROM stock WHERE sku = ANY($1::text[])
+`
+
+type StockGetManyRow struct {
+	Sku       string
+	Available int32
+}
+
+// StockGetMany returns the stock of skus. The handler reads it after locking
+// the rows (StockLockMany), so the values hold until its transaction ends.
+func (q *Queries) StockGetMany(ctx context.Context, db DBTX, skus []string) ([]StockGetManyRow, error) {
+	rows, err := db.Query(ctx, stockGetMany, skus)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []StockGetManyRow
+	for rows.Next() {
+		var i StockGetManyRow
+		if err := rows.Scan(&i.Sku, &i.Available); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const stockLockMany = `-- name: StockLockMany :exec
 SELECT sku FROM stock WHERE sku = ANY($1::text[]) ORDER BY sku FOR UPDATE
 `
@@ -46,6 +77,41 @@ func (q *Queries) StockRelease(ctx context.Context, db DBTX, orderID string) (in
 	return column_1, err
 }
 
+const stockReservationInsertMany = `-- name: StockReservationInsertMany :many
+INSERT INTO stock_reservations (order_id, sku, quantity)
+SELECT unnest($1::text[]), unnest($2::text[]), unnest($3::integer[])
+ON CONFLICT (order_id, sku) DO NOTHING
+RETURNING order_id
+`
+
+type StockReservationInsertManyParams struct {
+	OrderIds   []string
+	Skus       []string
+	Quantities []int32
+}
+
+// StockReservationInsertMany records reservations, skipping any (order, sku)
+// already reserved, and returns the order ids of the rows it inserted.
+func (q *Queries) StockReservationInsertMany(ctx context.Context, db DBTX, arg StockReservationInsertManyParams) ([]string, error) {
+	rows, err := db.Query(ctx, stockReservationInsertMany, arg.OrderIds, arg.Skus, arg.Quantities)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []string
+	for rows.Next() {
+		var order_id string
+		if err := rows.Scan(&order_id); err != nil {
+			return nil, err
+		}
+		items = append(items, order_id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const stockReservedSkus = `-- name: StockReservedSkus :many
 SELECT DISTINCT sku FROM stock_reservations
 WHERE order_id = ANY($1::text[]) AND released_at IS NULL
@@ -70,4 +136,23 @@ func (q *Queries) StockReservedSkus(ctx context.Context, db DBTX, orderIds []str
 		return nil, err
 	}
 	return items, nil
+}
+
+const stockTakeMany = `-- name: StockTakeMany :exec
+UPDATE stock
+SET available = stock.available - t.quantity, updated_at = now()
+FROM (SELECT unnest($1::text[]) AS sku, unnest($2::integer[]) AS quantity) AS t
+WHERE stock.sku = t.sku
+`
+
+type StockTakeManyParams struct {
+	Skus       []string
+	Quantities []int32
+}
+
+// StockTakeMany takes quantities from stock, one row per SKU. The check
+// constraint (available >= 0) refuses any take the handler got wrong.
+func (q *Queries) StockTakeMany(ctx context.Context, db DBTX, arg StockTakeManyParams) error {
+	_, err := db.Exec(ctx, stockTakeMany, arg.Skus, arg.Quantities)
+	return err
 }

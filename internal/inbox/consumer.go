@@ -64,6 +64,12 @@ type ConsumerConfig struct {
 	// OnStored, when set, is called after a batch that added new rows has
 	// committed. It must not block.
 	OnStored func()
+	// OrderingKey, when set, names the group a message belongs to (for
+	// order messages, its order id): workers handle the messages of one
+	// group one at a time, in the order ingest stored them. An empty key
+	// orders the message with no other. It must not fail or block; a body
+	// it cannot read has no key.
+	OrderingKey func(messageType string, body []byte) string
 }
 
 func (c *ConsumerConfig) withDefaults() (*ConsumerConfig, error) {
@@ -359,9 +365,9 @@ func (b *batch) add(d amqp.Delivery) { b.deliveries = append(b.deliveries, d) }
 
 // row is a delivery that can be stored.
 type row struct {
-	messageID, messageType, routingKey string
-	payload                            []byte
-	delivery                           int // index in batch.deliveries
+	messageID, messageType, routingKey, orderKey string
+	payload                                      []byte
+	delivery                                     int // index in batch.deliveries
 }
 
 // rejection is a delivery that cannot be stored, with the reason.
@@ -445,12 +451,18 @@ func (c *Consumer) classify(d amqp.Delivery) (row, string) {
 	if !validText(id) {
 		return row{}, "message_id is not valid UTF-8 text or is too long"
 	}
-	return row{
+	r := row{
 		messageID:   id,
 		messageType: msgType,
 		routingKey:  strings.ToValidUTF8(strings.ReplaceAll(d.RoutingKey, "\x00", ""), "?"),
 		payload:     d.Body,
-	}, ""
+	}
+	if c.cfg.OrderingKey != nil {
+		if key := c.cfg.OrderingKey(msgType, d.Body); validText(key) {
+			r.orderKey = key
+		}
+	}
+	return r, ""
 }
 
 // validText reports whether s can be stored in a text column as an id.
@@ -531,9 +543,11 @@ func (c *Consumer) insert(ctx context.Context, rows []row) (int, error) {
 		MessageTypes: make([]string, len(rows)),
 		RoutingKeys:  make([]string, len(rows)),
 		Payloads:     make([][]byte, len(rows)),
+		OrderKeys:    make([]string, len(rows)),
 	}
 	for i, r := range rows {
 		p.MessageIds[i], p.MessageTypes[i], p.RoutingKeys[i], p.Payloads[i] = r.messageID, r.messageType, r.routingKey, r.payload
+		p.OrderKeys[i] = r.orderKey
 	}
 	ids, err := c.queries.InboxInsertMany(ctx, c.pool, p)
 	if err != nil {

@@ -424,3 +424,141 @@ func TestWorkerHandlerTimeout(t *testing.T) {
 	require.Equal(t, inbox.StatusProcessed, readRow(t, b.db.Pool, "m-0").Status)
 	require.Equal(t, inbox.StatusProcessed, readRow(t, b.db.Pool, "m-2").Status)
 }
+
+// insertOrdered stores messages with the given ids and order keys, in order.
+func insertOrdered(t *testing.T, pool *pgxpool.Pool, idsAndKeys ...string) {
+	t.Helper()
+	p := dbsqlc.InboxInsertManyParams{}
+	for i := 0; i < len(idsAndKeys); i += 2 {
+		p.MessageIds = append(p.MessageIds, idsAndKeys[i])
+		p.OrderKeys = append(p.OrderKeys, idsAndKeys[i+1])
+		p.MessageTypes = append(p.MessageTypes, "test")
+		p.RoutingKeys = append(p.RoutingKeys, "test")
+		p.Payloads = append(p.Payloads, []byte(`{}`))
+	}
+	_, err := dbsqlc.New().InboxInsertMany(t.Context(), pool, p)
+	require.NoError(t, err)
+}
+
+// orderRecorder records the order in which messages were handled.
+type orderRecorder struct {
+	*effectHandler
+	mu   sync.Mutex
+	seen []string
+}
+
+func (r *orderRecorder) HandleBatch(ctx context.Context, tx pgx.Tx, msgs []inbox.Message) ([]inbox.Outcome, error) {
+	out, err := r.effectHandler.HandleBatch(ctx, tx, msgs)
+	if err == nil {
+		r.mu.Lock()
+		for i, m := range msgs {
+			if out[i].Err == nil {
+				r.seen = append(r.seen, m.MessageID)
+			}
+		}
+		r.mu.Unlock()
+	}
+	return out, err
+}
+
+func heldBack(t *testing.T, pool *pgxpool.Pool) map[string]string {
+	t.Helper()
+	rows, err := pool.Query(t.Context(), "SELECT order_key, blocking_message_id FROM inbox_held_back")
+	require.NoError(t, err)
+	held := map[string]string{}
+	for rows.Next() {
+		var k, m string
+		require.NoError(t, rows.Scan(&k, &m))
+		held[k] = m
+	}
+	require.NoError(t, rows.Err())
+	return held
+}
+
+func TestWorkerKeepsEachOrderInArrivalOrder(t *testing.T) {
+	t.Parallel()
+
+	t.Run("ARetryHoldsBackOnlyItsOwnOrder", func(t *testing.T) {
+		t.Parallel()
+		b := setupWorker(t)
+		insertOrdered(t, b.db.Pool, "a1", "A", "b1", "B", "a2", "A", "b2", "B", "a3", "A", "x1", "")
+		b.handler.failing["a1"] = errors.New("not yet")
+		rec := &orderRecorder{effectHandler: b.handler}
+		w, err := inbox.NewWorker(b.db.Pool, &inbox.WorkerConfig{
+			Handler: rec, Logger: testenv.Logger(t), RetryBase: 300 * time.Millisecond, RetryMax: 300 * time.Millisecond,
+		})
+		require.NoError(t, err)
+
+		for range 3 {
+			_, err := w.RunOnce(t.Context())
+			require.NoError(t, err)
+		}
+		require.ElementsMatch(t, []string{"b1", "b2", "x1"}, rec.seen, "order B and unordered messages flow while A waits")
+		require.Equal(t, inbox.StatusPending, readRow(t, b.db.Pool, "a2").Status)
+		require.Equal(t, map[string]string{"A": "a1"}, heldBack(t, b.db.Pool), "the view names the held-back order and its blocker")
+
+		delete(b.handler.failing, "a1")
+		require.Eventually(t, func() bool {
+			_, err := w.RunOnce(t.Context())
+			require.NoError(t, err)
+			return readRow(t, b.db.Pool, "a3").Status == inbox.StatusProcessed
+		}, 10*time.Second, 20*time.Millisecond)
+		var a []string
+		for _, id := range rec.seen {
+			if id[0] == 'a' {
+				a = append(a, id)
+			}
+		}
+		require.Equal(t, []string{"a1", "a2", "a3"}, a, "order A in arrival order")
+		require.Empty(t, heldBack(t, b.db.Pool))
+	})
+
+	t.Run("ADeadMessageHoldsItsOrderUntilSkippedWithSQL", func(t *testing.T) {
+		t.Parallel()
+		b := setupWorker(t)
+		insertOrdered(t, b.db.Pool, "a1", "A", "a2", "A", "b1", "B")
+		b.handler.failing["a1"] = inbox.Permanentf("bad")
+		w := b.newWorker(t, b.db.Pool, inbox.WorkerConfig{})
+		for range 3 {
+			_, err := w.RunOnce(t.Context())
+			require.NoError(t, err)
+		}
+		require.Equal(t, inbox.StatusDead, readRow(t, b.db.Pool, "a1").Status)
+		require.Equal(t, inbox.StatusPending, readRow(t, b.db.Pool, "a2").Status)
+		require.Equal(t, inbox.StatusProcessed, readRow(t, b.db.Pool, "b1").Status)
+		require.Equal(t, map[string]string{"A": "a1"}, heldBack(t, b.db.Pool))
+
+		// The operator skips the dead message (the README's statement).
+		_, err := b.db.Pool.Exec(t.Context(), `
+			UPDATE inbox SET status = 'processed', result = 'skipped by operator', processed_at = now()
+			WHERE message_id = 'a1' AND status = 'dead'`)
+		require.NoError(t, err)
+		_, err = w.RunOnce(t.Context())
+		require.NoError(t, err)
+		require.Equal(t, inbox.StatusProcessed, readRow(t, b.db.Pool, "a2").Status)
+		require.Empty(t, heldBack(t, b.db.Pool))
+	})
+
+	t.Run("ADeadMessageReplayedWithSQLRunsBeforeTheRest", func(t *testing.T) {
+		t.Parallel()
+		b := setupWorker(t)
+		insertOrdered(t, b.db.Pool, "a1", "A", "a2", "A")
+		b.handler.failing["a1"] = inbox.Permanentf("bad")
+		w := b.newWorker(t, b.db.Pool, inbox.WorkerConfig{})
+		_, err := w.RunOnce(t.Context())
+		require.NoError(t, err)
+		require.Equal(t, inbox.StatusDead, readRow(t, b.db.Pool, "a1").Status)
+
+		delete(b.handler.failing, "a1") // the cause is fixed
+		_, err = b.db.Pool.Exec(t.Context(), `
+			UPDATE inbox SET status = 'pending', attempts = 0, next_attempt_at = now(), last_error = NULL
+			WHERE message_id = 'a1' AND status = 'dead'`)
+		require.NoError(t, err)
+		for range 2 {
+			_, err = w.RunOnce(t.Context())
+			require.NoError(t, err)
+		}
+		require.Equal(t, inbox.StatusProcessed, readRow(t, b.db.Pool, "a1").Status)
+		require.Equal(t, inbox.StatusProcessed, readRow(t, b.db.Pool, "a2").Status)
+	})
+}

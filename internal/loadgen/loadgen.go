@@ -40,6 +40,11 @@ type Spec struct {
 	Seed uint64
 	// Prefix starts every order and message id. Defaults to "o".
 	Prefix string
+	// SKUs is the number of distinct SKUs the orders draw their items from
+	// (SKUName(0) … SKUName(SKUs-1)); each order has one to three items.
+	// Zero means the three SKUs of OrderCreatedBody, the same for every
+	// order.
+	SKUs int
 }
 
 // Workload is a generated list of messages and what it should lead to.
@@ -67,10 +72,14 @@ func Generate(spec Spec) *Workload {
 	for i := range spec.Orders {
 		orderID := fmt.Sprintf("%s-%06d", prefix, i)
 		w.OrderIDs = append(w.OrderIDs, orderID)
+		body := OrderCreatedBody(orderID, 1+rng.IntN(3))
+		if spec.SKUs > 0 {
+			body = orderBody(orderID, rng, spec.SKUs)
+		}
 		created := Message{
 			MessageID:  fmt.Sprintf("%s-created", orderID),
 			RoutingKey: orders.TypeOrderCreated,
-			Body:       OrderCreatedBody(orderID, 1+rng.IntN(3)),
+			Body:       body,
 		}
 		w.Messages = append(w.Messages, created)
 		w.UniqueMessageIDs++
@@ -100,7 +109,27 @@ func Generate(spec Spec) *Workload {
 	return w
 }
 
-// OrderCreatedBody returns a valid order.created body with n items.
+// SKUName names the i-th SKU of a workload with Spec.SKUs set.
+func SKUName(i int) string { return fmt.Sprintf("SKU-%05d", i) }
+
+// orderBody returns an order of one to three distinct SKUs drawn from the
+// first skus.
+func orderBody(orderID string, rng *rand.Rand, skus int) []byte {
+	m := orders.OrderCreated{OrderID: orderID, UserID: "user-" + orderID, Email: orderID + "@example.com"}
+	picked := map[int]bool{}
+	for range 1 + rng.IntN(min(3, skus)) {
+		i := rng.IntN(skus)
+		if !picked[i] {
+			picked[i] = true
+			m.Items = append(m.Items, orders.Item{SKU: SKUName(i), Quantity: 1 + rng.IntN(3)})
+		}
+	}
+	b, _ := json.Marshal(m)
+	return b
+}
+
+// OrderCreatedBody returns a valid order.created body with n items: SKU-1
+// (quantity 1) up to SKU-n (quantity n).
 func OrderCreatedBody(orderID string, n int) []byte {
 	m := orders.OrderCreated{OrderID: orderID, UserID: "user-" + orderID, Email: orderID + "@example.com"}
 	for i := range n {

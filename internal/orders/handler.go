@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strings"
 
 	"github.com/jackc/pgx/v5"
 
@@ -224,44 +225,88 @@ func (h *Handler) confirm(ctx context.Context, tx pgx.Tx, created []pendingCreat
 	return nil
 }
 
-// reserve reserves the stock of each order, in order, and returns for each
-// the reason it was rejected ("" when its stock is reserved); the rejected
-// orders' rows are marked rejected. The stock rows are already locked (see
-// lockStock); the reservations run as one pipelined round trip.
+// reserve reserves the stock of each order, in order and all or nothing
+// per order, and returns for each the reason it was rejected ("" when its
+// stock is reserved); the rejected orders' rows are marked rejected. The
+// stock rows are locked already (see lockStock), so the levels read here
+// hold until the transaction ends: the decisions are made on them, and the
+// takes, reservations and rejections are then written with one statement
+// each.
 func (h *Handler) reserve(ctx context.Context, tx pgx.Tx, orders []pendingCreate) ([]string, error) {
 	if len(orders) == 0 {
 		return nil, nil
 	}
-	params := make([]dbsqlc.StockReserveParams, len(orders))
-	for i, c := range orders {
-		params[i].OrderID = c.order.OrderID
+	skuSet := map[string]bool{}
+	for _, c := range orders {
 		for _, it := range c.order.Items {
-			params[i].Skus = append(params[i].Skus, it.SKU)
-			params[i].Quantities = append(params[i].Quantities, int32(it.Quantity))
+			skuSet[it.SKU] = true
 		}
+	}
+	levels, err := h.queries.StockGetMany(ctx, tx, slices.Sorted(maps.Keys(skuSet)))
+	if err != nil {
+		return nil, fmt.Errorf("read stock: %w", err)
+	}
+	available := make(map[string]int32, len(levels))
+	for _, l := range levels {
+		available[l.Sku] = l.Available
 	}
 
 	reasons := make([]string, len(orders))
-	var batchErr error
-	h.queries.StockReserve(ctx, tx, params).QueryRow(func(i int, r dbsqlc.StockReserveRow, err error) {
-		switch {
-		case err != nil:
-			batchErr = cmp.Or(batchErr, err)
-		case r.Unknown != "":
-			reasons[i] = "unknown sku: " + r.Unknown
-		case r.Short != "":
-			reasons[i] = "insufficient stock: " + r.Short
+	taken := map[string]int32{}
+	var res dbsqlc.StockReservationInsertManyParams
+	var reject dbsqlc.OrderConfirmationRejectManyParams
+	for i, c := range orders {
+		want := map[string]int32{}
+		for _, it := range c.order.Items {
+			want[it.SKU] += int32(it.Quantity)
 		}
-	})
-	if batchErr != nil {
-		return nil, fmt.Errorf("reserve stock: %w", batchErr)
+		var unknown, short []string
+		for _, sku := range slices.Sorted(maps.Keys(want)) {
+			have, known := available[sku]
+			switch {
+			case !known:
+				unknown = append(unknown, sku)
+			case have < want[sku]:
+				short = append(short, sku)
+			}
+		}
+		switch {
+		case len(unknown) > 0:
+			reasons[i] = "unknown sku: " + strings.Join(unknown, ",")
+		case len(short) > 0:
+			reasons[i] = "insufficient stock: " + strings.Join(short, ",")
+		}
+		if reasons[i] != "" {
+			reject.OrderIds = append(reject.OrderIds, c.order.OrderID)
+			reject.Reasons = append(reject.Reasons, reasons[i])
+			continue
+		}
+		for _, sku := range slices.Sorted(maps.Keys(want)) {
+			available[sku] -= want[sku]
+			taken[sku] += want[sku]
+			res.OrderIds = append(res.OrderIds, c.order.OrderID)
+			res.Skus = append(res.Skus, sku)
+			res.Quantities = append(res.Quantities, want[sku])
+		}
 	}
 
-	var reject dbsqlc.OrderConfirmationRejectManyParams
-	for i, reason := range reasons {
-		if reason != "" {
-			reject.OrderIds = append(reject.OrderIds, orders[i].order.OrderID)
-			reject.Reasons = append(reject.Reasons, reason)
+	if len(res.OrderIds) > 0 {
+		inserted, err := h.queries.StockReservationInsertMany(ctx, tx, res)
+		if err != nil {
+			return nil, fmt.Errorf("record reservations: %w", err)
+		}
+		if len(inserted) != len(res.OrderIds) {
+			// Only an order recorded in this very transaction reserves, so
+			// its reservations cannot exist yet: refuse to take stock twice.
+			return nil, fmt.Errorf("record reservations: %d of %d already existed", len(res.OrderIds)-len(inserted), len(res.OrderIds))
+		}
+		var take dbsqlc.StockTakeManyParams
+		for _, sku := range slices.Sorted(maps.Keys(taken)) {
+			take.Skus = append(take.Skus, sku)
+			take.Quantities = append(take.Quantities, taken[sku])
+		}
+		if err := h.queries.StockTakeMany(ctx, tx, take); err != nil {
+			return nil, fmt.Errorf("take stock: %w", err)
 		}
 	}
 	if len(reject.OrderIds) > 0 {

@@ -118,3 +118,19 @@ func validationError(problems []string) error {
 	}
 	return fmt.Errorf("%w: %s", ErrInvalidPayload, strings.Join(problems, "; "))
 }
+
+// OrderingKey returns the order id of an order message, which groups the
+// messages the inbox handles one at a time and in arrival order; "" when the
+// body has none or is not JSON. Ingest calls it for every delivery.
+func OrderingKey(messageType string, body []byte) string {
+	if messageType != TypeOrderCreated && messageType != TypeOrderCancelled {
+		return ""
+	}
+	var m struct {
+		OrderID string `json:"orderId"`
+	}
+	if json.Unmarshal(body, &m) != nil {
+		return ""
+	}
+	return m.OrderID
+}

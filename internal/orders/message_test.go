@@ -94,3 +94,12 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+func TestOrderingKey(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, "o-1", orders.OrderingKey(orders.TypeOrderCreated, []byte(`{"orderId":"o-1","items":[]}`)))
+	require.Equal(t, "o-2", orders.OrderingKey(orders.TypeOrderCancelled, []byte(`{"orderId":"o-2"}`)))
+	require.Empty(t, orders.OrderingKey(orders.TypeOrderCreated, []byte(`not json`)))
+	require.Empty(t, orders.OrderingKey(orders.TypeOrderCreated, []byte(`{"orderId":7}`)))
+	require.Empty(t, orders.OrderingKey("test.other", []byte(`{"orderId":"o-1"}`)))
+}
