@@ -9,13 +9,15 @@ SELECT sku FROM stock WHERE sku = ANY(@skus::text[]) ORDER BY sku FOR UPDATE;
 -- the rows (StockLockMany), so the values hold until its transaction ends.
 SELECT sku, available FROM stock WHERE sku = ANY(@skus::text[]);
 
--- name: StockTakeMany :exec
--- StockTakeMany takes quantities from stock, one row per SKU. The check
--- constraint (available >= 0) refuses any take the handler got wrong.
+-- name: StockTakeMany :execrows
+-- StockTakeMany takes quantities from stock, one row per SKU, each only if
+-- that much is available, and returns the number of SKUs it took from: fewer
+-- than asked means the handler decided on stale levels. The check constraint
+-- (available >= 0) backs it.
 UPDATE stock
 SET available = stock.available - t.quantity, updated_at = now()
 FROM (SELECT unnest(@skus::text[]) AS sku, unnest(@quantities::integer[]) AS quantity) AS t
-WHERE stock.sku = t.sku;
+WHERE stock.sku = t.sku AND stock.available >= t.quantity;
 
 -- name: StockReservationInsertMany :many
 -- StockReservationInsertMany records reservations, skipping any (order, sku)

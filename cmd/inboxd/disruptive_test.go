@@ -34,7 +34,8 @@ func runShell(t *testing.T, envName, fallback string) {
 }
 
 // Acceptance: the broker stopped (stop_app) and started again under load:
-// nothing lost, nothing doubled, no stale ack.
+// nothing lost, nothing doubled, no stale ack, and the relay republishes
+// only under the same ids.
 func TestDisruptiveBrokerRestart(t *testing.T) {
 	requireDisruptive(t)
 	b := setup(t)
@@ -55,6 +56,10 @@ func TestDisruptiveBrokerRestart(t *testing.T) {
 	require.NoError(t, loadgen.Publish(t.Context(), b.broker.URL, w.Messages[half:], 200))
 	b.waitDrained(t, w.UniqueMessageIDs, 120*time.Second)
 	b.requireExactlyOnce(t, w)
+	// The relay, too, lived through the restart: every event arrives, only
+	// ever under its one id.
+	b.subscribeDownstream(t)
+	b.requireEventsOnce(t)
 	require.True(t, p.logContains("broker session ended, reconnecting"))
 	require.False(t, p.logContains("unknown delivery tag"), "no stale ack")
 	require.False(t, p.exited())

@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/orderconfirm/inboxd/internal/loadgen"
+	"github.com/orderconfirm/inboxd/internal/orders"
 )
 
 // Acceptance: 2,000 orders with 30% duplicates, 5% re-sent under new ids and
@@ -96,4 +97,35 @@ func TestCreatedThenCancelledAlwaysEndsCancelled(t *testing.T) {
 	b.requireStockAddsUp(t)
 	require.Zero(t, b.count(t, "SELECT count(*) FROM stock_reservations WHERE released_at IS NULL"))
 	b.requireEventsOnce(t)
+}
+
+// Acceptance: a held-back order does not hold back any other order; the
+// view names it; releasing it with SQL lets its later messages run.
+func TestHeldBackOrderIsReleasedWithSQL(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	startProcess(t, serviceEnv(b.db, b.broker))
+	msgs := []loadgen.Message{
+		// Invalid (no userId): dead, and holding back the rest of o-held.
+		{MessageID: "held-created", RoutingKey: "order.created", Body: []byte(`{"orderId":"o-held","email":"a@b","items":[{"sku":"SKU-1","quantity":1}]}`)},
+		{MessageID: "held-cancelled", RoutingKey: "order.cancelled", Body: []byte(`{"orderId":"o-held","reason":"r"}`)},
+		{MessageID: "free-created", RoutingKey: "order.created", Body: loadgen.OrderCreatedBody("o-free", 1)},
+		{MessageID: "free-cancelled", RoutingKey: "order.cancelled", Body: []byte(`{"orderId":"o-free","reason":"r"}`)},
+	}
+	require.NoError(t, loadgen.Publish(t.Context(), b.broker.URL, msgs, 10))
+	b.waitDrained(t, 3, 30*time.Second)
+	require.Equal(t, "dead", b.status(t, "held-created"))
+	require.Equal(t, "pending", b.status(t, "held-cancelled"), "held back behind the dead message")
+	require.Equal(t, "processed", b.status(t, "free-cancelled"), "other orders are not held back")
+	require.Equal(t, 1, b.count(t, "SELECT count(*) FROM inbox_held_back WHERE order_key = 'o-held' AND blocking_message_id = 'held-created' AND held_messages = 1"))
+
+	// The operator skips the dead message (the README's statement).
+	_, err := b.db.Pool.Exec(t.Context(), `
+		UPDATE inbox SET status = 'processed', result = 'skipped by operator', processed_at = now()
+		WHERE message_id = 'held-created' AND status = 'dead'`)
+	require.NoError(t, err)
+	b.waitDrained(t, 4, 30*time.Second)
+	require.Equal(t, "processed", b.status(t, "held-cancelled"))
+	require.Equal(t, orders.ResultCancelledUnseen, b.resultOf(t, "held-cancelled"))
+	require.Zero(t, b.count(t, "SELECT count(*) FROM inbox_held_back"))
 }

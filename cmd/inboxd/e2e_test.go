@@ -33,7 +33,19 @@ func setup(t *testing.T) *e2eBundle {
 	// Declared up front so that nothing published before inboxd connects
 	// is unroutable.
 	require.NoError(t, loadgen.DeclareTopology(b.broker.URL, inbox.QueueTypeQuorum))
-	// A downstream consumer of every event.
+	b.subscribeDownstream(t)
+	for _, sku := range []string{"SKU-1", "SKU-2", "SKU-3"} {
+		_, err := b.db.Pool.Exec(t.Context(), "INSERT INTO stock (sku, available) VALUES ($1, $2)", sku, initialStock)
+		require.NoError(t, err)
+	}
+	return b
+}
+
+// subscribeDownstream consumes every event, as a downstream service would,
+// from a durable queue of its own. Deliveries are acked as the test reads
+// them, so a connection lost to a broker restart loses none: subscribe again.
+func (b *e2eBundle) subscribeDownstream(t *testing.T) {
+	t.Helper()
 	conn, err := amqp.Dial(b.broker.URL)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })
@@ -42,13 +54,9 @@ func setup(t *testing.T) *e2eBundle {
 	_, err = ch.QueueDeclare("downstream", true, false, false, false, nil)
 	require.NoError(t, err)
 	require.NoError(t, ch.QueueBind("downstream", "#", inbox.ExchangeEvents, false, nil))
-	b.events, err = ch.Consume("downstream", "", true, false, false, false, nil)
+	require.NoError(t, ch.Qos(100, 0, false))
+	b.events, err = ch.Consume("downstream", "", false, false, false, false, nil)
 	require.NoError(t, err)
-	for _, sku := range []string{"SKU-1", "SKU-2", "SKU-3"} {
-		_, err := b.db.Pool.Exec(t.Context(), "INSERT INTO stock (sku, available) VALUES ($1, $2)", sku, initialStock)
-		require.NoError(t, err)
-	}
-	return b
 }
 
 // requireEventsOnce checks that the relay published every outbox row, that
@@ -86,6 +94,7 @@ func (b *e2eBundle) requireEventsOnce(t *testing.T) {
 	for len(got) < len(want) {
 		select {
 		case d := <-b.events:
+			require.NoError(t, d.Ack(false))
 			require.True(t, want[d.MessageId], "unexpected event id %q", d.MessageId)
 			got[d.MessageId]++
 		case <-timeout:

@@ -138,11 +138,11 @@ func (q *Queries) StockReservedSkus(ctx context.Context, db DBTX, orderIds []str
 	return items, nil
 }
 
-const stockTakeMany = `-- name: StockTakeMany :exec
+const stockTakeMany = `-- name: StockTakeMany :execrows
 UPDATE stock
 SET available = stock.available - t.quantity, updated_at = now()
 FROM (SELECT unnest($1::text[]) AS sku, unnest($2::integer[]) AS quantity) AS t
-WHERE stock.sku = t.sku
+WHERE stock.sku = t.sku AND stock.available >= t.quantity
 `
 
 type StockTakeManyParams struct {
@@ -150,9 +150,14 @@ type StockTakeManyParams struct {
 	Quantities []int32
 }
 
-// StockTakeMany takes quantities from stock, one row per SKU. The check
-// constraint (available >= 0) refuses any take the handler got wrong.
-func (q *Queries) StockTakeMany(ctx context.Context, db DBTX, arg StockTakeManyParams) error {
-	_, err := db.Exec(ctx, stockTakeMany, arg.Skus, arg.Quantities)
-	return err
+// StockTakeMany takes quantities from stock, one row per SKU, each only if
+// that much is available, and returns the number of SKUs it took from: fewer
+// than asked means the handler decided on stale levels. The check constraint
+// (available >= 0) backs it.
+func (q *Queries) StockTakeMany(ctx context.Context, db DBTX, arg StockTakeManyParams) (int64, error) {
+	result, err := db.Exec(ctx, stockTakeMany, arg.Skus, arg.Quantities)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
 }

@@ -305,8 +305,12 @@ func (h *Handler) reserve(ctx context.Context, tx pgx.Tx, orders []pendingCreate
 			take.Skus = append(take.Skus, sku)
 			take.Quantities = append(take.Quantities, taken[sku])
 		}
-		if err := h.queries.StockTakeMany(ctx, tx, take); err != nil {
+		n, err := h.queries.StockTakeMany(ctx, tx, take)
+		if err != nil {
 			return nil, fmt.Errorf("take stock: %w", err)
+		}
+		if n != int64(len(take.Skus)) {
+			return nil, fmt.Errorf("take stock: %d of %d SKUs no longer had the stock", int64(len(take.Skus))-n, len(take.Skus))
 		}
 	}
 	if len(reject.OrderIds) > 0 {
