@@ -20,6 +20,7 @@ import (
 
 	"github.com/orderconfirm/inboxd/internal/dbsqlc"
 	"github.com/orderconfirm/inboxd/internal/retry"
+	"github.com/orderconfirm/inboxd/internal/startstop"
 )
 
 // MaxMessageIDBytes is the longest message_id (and type) ingest stores.
@@ -115,10 +116,7 @@ type Consumer struct {
 
 	consuming atomic.Int32
 
-	mu         sync.Mutex
-	stopFetch  context.CancelFunc
-	cancelWork context.CancelFunc
-	done       chan struct{}
+	service startstop.Service
 }
 
 // NewConsumer returns a Consumer that stores deliveries through pool.
@@ -142,41 +140,14 @@ func (c *Consumer) Consuming() bool {
 
 // Start connects in the background and returns at once.
 func (c *Consumer) Start(ctx context.Context) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.done != nil {
-		return errors.New("consumer: already started")
-	}
-	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
-	fetchCtx, stopFetch := context.WithCancel(ctx)
-	c.stopFetch, c.cancelWork, c.done = stopFetch, cancelWork, make(chan struct{})
-	go func() {
-		defer close(c.done)
-		c.run(fetchCtx, workCtx)
-	}()
-	return nil
+	return c.service.Start(ctx, c.run)
 }
 
 // Stop cancels the consumers, stores and acknowledges the deliveries already
 // received, and closes the connection. When ctx ends first, the batches in
 // flight are abandoned unacknowledged (the broker redelivers them), and Stop
 // returns once the connection is closed.
-func (c *Consumer) Stop(ctx context.Context) {
-	c.mu.Lock()
-	stopFetch, cancelWork, done := c.stopFetch, c.cancelWork, c.done
-	c.mu.Unlock()
-	if done == nil {
-		return
-	}
-	stopFetch()
-	select {
-	case <-done:
-	case <-ctx.Done():
-		cancelWork()
-		<-done
-	}
-	cancelWork()
-}
+func (c *Consumer) Stop(ctx context.Context) { c.service.Stop(ctx) }
 
 func (c *Consumer) run(fetchCtx, workCtx context.Context) {
 	failures := 0

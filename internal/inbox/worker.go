@@ -15,6 +15,7 @@ import (
 
 	"github.com/orderconfirm/inboxd/internal/dbsqlc"
 	"github.com/orderconfirm/inboxd/internal/retry"
+	"github.com/orderconfirm/inboxd/internal/startstop"
 )
 
 // Statuses of an inbox row.
@@ -95,10 +96,7 @@ type Worker struct {
 	// ended is claimed and handled, and for reading by every other batch.
 	exclusive sync.RWMutex
 
-	mu         sync.Mutex
-	stopFetch  context.CancelFunc
-	cancelWork context.CancelFunc
-	done       chan struct{}
+	service startstop.Service
 }
 
 // NewWorker returns a Worker that claims from the inbox through pool. The
@@ -129,50 +127,20 @@ func (w *Worker) Notify() {
 // Start launches the worker goroutines and returns at once. ctx bounds the
 // whole run; Stop ends it gracefully.
 func (w *Worker) Start(ctx context.Context) error {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.done != nil {
-		return errors.New("worker: already started")
-	}
-	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
-	fetchCtx, stopFetch := context.WithCancel(ctx)
-	w.stopFetch, w.cancelWork, w.done = stopFetch, cancelWork, make(chan struct{})
-
-	var wg sync.WaitGroup
-	for i := range w.cfg.Concurrency {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			w.loop(fetchCtx, workCtx, i)
-		}()
-	}
-	go func() {
+	return w.service.Start(ctx, func(fetchCtx, workCtx context.Context) {
+		var wg sync.WaitGroup
+		for i := range w.cfg.Concurrency {
+			wg.Go(func() { w.loop(fetchCtx, workCtx, i) })
+		}
 		wg.Wait()
-		close(w.done)
-	}()
-	return nil
+	})
 }
 
 // Stop stops claiming new batches and waits for the batches in flight to
 // commit. When ctx ends first, the in-flight handlers are cancelled and their
 // transactions rolled back (the messages stay pending), and Stop returns once
 // they have.
-func (w *Worker) Stop(ctx context.Context) {
-	w.mu.Lock()
-	stopFetch, cancelWork, done := w.stopFetch, w.cancelWork, w.done
-	w.mu.Unlock()
-	if done == nil {
-		return
-	}
-	stopFetch()
-	select {
-	case <-done:
-	case <-ctx.Done():
-		cancelWork()
-		<-done
-	}
-	cancelWork()
-}
+func (w *Worker) Stop(ctx context.Context) { w.service.Stop(ctx) }
 
 func (w *Worker) loop(fetchCtx, workCtx context.Context, n int) {
 	logger := w.logger.With(slog.Int("worker", n))

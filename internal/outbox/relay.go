@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -20,6 +19,7 @@ import (
 	"github.com/orderconfirm/inboxd/internal/dbsqlc"
 	"github.com/orderconfirm/inboxd/internal/inbox"
 	"github.com/orderconfirm/inboxd/internal/retry"
+	"github.com/orderconfirm/inboxd/internal/startstop"
 )
 
 // RelayConfig configures a Relay.
@@ -93,9 +93,7 @@ type Relay struct {
 
 	connected atomic.Bool
 
-	mu        sync.Mutex
-	stopFetch context.CancelFunc
-	done      chan struct{}
+	service startstop.Service
 }
 
 // NewRelay returns a Relay that reads the outbox through pool.
@@ -126,42 +124,19 @@ func (r *Relay) Connected() bool { return r.connected.Load() }
 
 // Start connects in the background and returns at once.
 func (r *Relay) Start(ctx context.Context) error {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.done != nil {
-		return errors.New("relay: already started")
-	}
-	ctx, stop := context.WithCancel(ctx)
-	r.stopFetch, r.done = stop, make(chan struct{})
-	go func() {
-		defer close(r.done)
-		r.run(ctx)
-	}()
-	return nil
+	return r.service.Start(ctx, r.run)
 }
 
 // Stop stops the relay after the batch in flight, or when ctx ends. Rows of
 // an unfinished batch keep their claim and are published again after the
 // lease.
-func (r *Relay) Stop(ctx context.Context) {
-	r.mu.Lock()
-	stop, done := r.stopFetch, r.done
-	r.mu.Unlock()
-	if done == nil {
-		return
-	}
-	stop()
-	select {
-	case <-done:
-	case <-ctx.Done():
-	}
-}
+func (r *Relay) Stop(ctx context.Context) { r.service.Stop(ctx) }
 
-func (r *Relay) run(ctx context.Context) {
+func (r *Relay) run(ctx, workCtx context.Context) {
 	failures := 0
 	for ctx.Err() == nil {
 		started := time.Now()
-		err := r.session(ctx)
+		err := r.session(ctx, workCtx)
 		r.connected.Store(false)
 		if ctx.Err() != nil {
 			return
@@ -178,8 +153,9 @@ func (r *Relay) run(ctx context.Context) {
 	}
 }
 
-// session publishes on one connection until it fails or ctx ends.
-func (r *Relay) session(ctx context.Context) error {
+// session publishes on one connection until it fails or ctx ends; workCtx
+// bounds finishing the batch in flight.
+func (r *Relay) session(ctx, workCtx context.Context) error {
 	conn, err := amqp.DialConfig(r.cfg.URL, amqp.Config{
 		Heartbeat:  r.cfg.Heartbeat,
 		Locale:     "en_US",
@@ -207,7 +183,7 @@ func (r *Relay) session(ctx context.Context) error {
 	poll := time.NewTicker(r.cfg.PollInterval)
 	defer poll.Stop()
 	for {
-		n, err := r.publishBatch(ctx, ch)
+		n, err := r.publishBatch(ctx, workCtx, ch)
 		if err != nil {
 			return err
 		}
@@ -227,7 +203,7 @@ func (r *Relay) session(ctx context.Context) error {
 
 // publishBatch claims rows, publishes them and records the outcome. It
 // returns an error only when the channel can no longer be used.
-func (r *Relay) publishBatch(ctx context.Context, ch *amqp.Channel) (int, error) {
+func (r *Relay) publishBatch(ctx, workCtx context.Context, ch *amqp.Channel) (int, error) {
 	rows, err := r.queries.OutboxClaimBatch(ctx, r.pool, dbsqlc.OutboxClaimBatchParams{
 		LeaseSeconds: r.cfg.Lease.Seconds(),
 		MaxRows:      int32(r.cfg.BatchSize),
@@ -258,7 +234,7 @@ func (r *Relay) publishBatch(ctx context.Context, ch *amqp.Channel) (int, error)
 		}
 	}
 
-	waitCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.ConfirmTimeout)
+	waitCtx, cancel := context.WithTimeout(workCtx, r.cfg.ConfirmTimeout)
 	defer cancel()
 	var published, failed []int64
 	attempts := 1
@@ -274,7 +250,7 @@ func (r *Relay) publishBatch(ctx context.Context, ch *amqp.Channel) (int, error)
 	}
 
 	// Record the outcome even while stopping: the broker has the messages.
-	recordCtx, cancelRecord := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	recordCtx, cancelRecord := context.WithTimeout(workCtx, 10*time.Second)
 	defer cancelRecord()
 	if len(published) > 0 {
 		if err := r.queries.OutboxMarkPublished(recordCtx, r.pool, published); err != nil {

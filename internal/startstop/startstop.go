@@ -1,0 +1,62 @@
+// Package startstop gives long-lived services the Start and Stop they share:
+// Start returns at once and runs the service in the background; Stop first
+// asks it to stop taking new work, lets the work in flight finish, and
+// cancels that work too when its own context ends.
+package startstop
+
+import (
+	"context"
+	"errors"
+	"sync"
+)
+
+// ErrAlreadyStarted is returned by Start on a service that was started.
+var ErrAlreadyStarted = errors.New("already started")
+
+// Service runs one background function. The zero value is ready to use.
+type Service struct {
+	mu         sync.Mutex
+	stopFetch  context.CancelFunc
+	cancelWork context.CancelFunc
+	done       chan struct{}
+}
+
+// Start runs run in a goroutine and returns at once. run gets two contexts:
+// fetchCtx, which ends when ctx ends or Stop is called, bounds taking new
+// work; workCtx, which ends only when Stop's context does, bounds finishing
+// the work in flight. run must return soon after fetchCtx ends.
+func (s *Service) Start(ctx context.Context, run func(fetchCtx, workCtx context.Context)) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.done != nil {
+		return ErrAlreadyStarted
+	}
+	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
+	fetchCtx, stopFetch := context.WithCancel(ctx)
+	s.stopFetch, s.cancelWork, s.done = stopFetch, cancelWork, make(chan struct{})
+	go func() {
+		defer close(s.done)
+		run(fetchCtx, workCtx)
+	}()
+	return nil
+}
+
+// Stop ends fetchCtx and waits for run to return. When ctx ends first, it
+// ends workCtx as well and waits for run to return then. Stop on a service
+// never started does nothing.
+func (s *Service) Stop(ctx context.Context) {
+	s.mu.Lock()
+	stopFetch, cancelWork, done := s.stopFetch, s.cancelWork, s.done
+	s.mu.Unlock()
+	if done == nil {
+		return
+	}
+	stopFetch()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		cancelWork()
+		<-done
+	}
+	cancelWork()
+}
