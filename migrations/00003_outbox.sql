@@ -32,7 +32,14 @@ CREATE TABLE outbox (
 )
 WITH (fillfactor = 50);
 
--- The relay reads only unpublished rows, in order.
+-- The relay claims unpublished, unclaimed rows in order. The index holds
+-- exactly those, so the claim is an ordered index scan that stops after its
+-- batch however large the backlog grows (with a looser index, the planner
+-- was seen to read and sort the whole backlog on every claim).
+CREATE INDEX outbox_claimable_idx ON outbox (id) WHERE published_at IS NULL AND claimed_at IS NULL;
+
+-- Unpublished rows, for the backlog view and for taking over the claims of
+-- relays that died.
 CREATE INDEX outbox_unpublished_idx ON outbox (id) WHERE published_at IS NULL;
 
 -- outbox_notify wakes the relays of every inboxd process (LISTEN
@@ -65,5 +72,6 @@ WHERE published_at IS NULL;
 
 -- +goose Down
 DROP VIEW outbox_backlog;
+DROP INDEX outbox_claimable_idx;
 DROP TABLE outbox;
 DROP FUNCTION outbox_notify();

@@ -9,10 +9,10 @@ SELECT unnest(@idempotency_keys::text[]),
 ON CONFLICT (idempotency_key) DO NOTHING;
 
 -- name: OutboxClaimBatch :many
--- OutboxClaimBatch claims up to max_rows unpublished rows that are due,
--- oldest first, skipping rows another relay holds (or claimed less than
--- lease_seconds ago), and counts an attempt for each. It commits at once: the
--- relay publishes outside any transaction, then marks the rows published.
+-- OutboxClaimBatch claims up to max_rows unpublished, unclaimed rows that are
+-- due, oldest first, skipping rows another relay is locking, and counts an
+-- attempt for each. It commits at once: the relay publishes outside any
+-- transaction, then marks the rows published.
 UPDATE outbox
 SET attempts = outbox.attempts + 1,
     claimed_at = now()
@@ -20,13 +20,22 @@ WHERE outbox.id IN (
     SELECT id
     FROM outbox
     WHERE published_at IS NULL
+      AND claimed_at IS NULL
       AND next_attempt_at <= now()
-      AND (claimed_at IS NULL OR claimed_at < now() - make_interval(secs => sqlc.arg(lease_seconds)::float8))
     ORDER BY id
     LIMIT sqlc.arg(max_rows)
     FOR UPDATE SKIP LOCKED
 )
 RETURNING outbox.id, outbox.idempotency_key, outbox.routing_key, outbox.payload::text AS payload, outbox.created_at, outbox.attempts;
+
+-- name: OutboxReleaseExpired :execrows
+-- OutboxReleaseExpired ends the claims older than lease_seconds, those of
+-- relays that died between publishing and marking, so that the rows are
+-- claimed, and published under the same ids, again. It returns how many.
+UPDATE outbox
+SET claimed_at = NULL
+WHERE published_at IS NULL
+  AND claimed_at < now() - make_interval(secs => sqlc.arg(lease_seconds)::float8);
 
 -- name: OutboxMarkPublished :exec
 -- OutboxMarkPublished records that the broker confirmed these rows.

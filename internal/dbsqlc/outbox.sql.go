@@ -18,19 +18,14 @@ WHERE outbox.id IN (
     SELECT id
     FROM outbox
     WHERE published_at IS NULL
+      AND claimed_at IS NULL
       AND next_attempt_at <= now()
-      AND (claimed_at IS NULL OR claimed_at < now() - make_interval(secs => $1::float8))
     ORDER BY id
-    LIMIT $2
+    LIMIT $1
     FOR UPDATE SKIP LOCKED
 )
 RETURNING outbox.id, outbox.idempotency_key, outbox.routing_key, outbox.payload::text AS payload, outbox.created_at, outbox.attempts
 `
-
-type OutboxClaimBatchParams struct {
-	LeaseSeconds float64
-	MaxRows      int32
-}
 
 type OutboxClaimBatchRow struct {
 	ID             int64
@@ -41,12 +36,12 @@ type OutboxClaimBatchRow struct {
 	Attempts       int32
 }
 
-// OutboxClaimBatch claims up to max_rows unpublished rows that are due,
-// oldest first, skipping rows another relay holds (or claimed less than
-// lease_seconds ago), and counts an attempt for each. It commits at once: the
-// relay publishes outside any transaction, then marks the rows published.
-func (q *Queries) OutboxClaimBatch(ctx context.Context, db DBTX, arg OutboxClaimBatchParams) ([]OutboxClaimBatchRow, error) {
-	rows, err := db.Query(ctx, outboxClaimBatch, arg.LeaseSeconds, arg.MaxRows)
+// OutboxClaimBatch claims up to max_rows unpublished, unclaimed rows that are
+// due, oldest first, skipping rows another relay is locking, and counts an
+// attempt for each. It commits at once: the relay publishes outside any
+// transaction, then marks the rows published.
+func (q *Queries) OutboxClaimBatch(ctx context.Context, db DBTX, maxRows int32) ([]OutboxClaimBatchRow, error) {
+	rows, err := db.Query(ctx, outboxClaimBatch, maxRows)
 	if err != nil {
 		return nil, err
 	}
@@ -131,4 +126,22 @@ type OutboxReleaseParams struct {
 func (q *Queries) OutboxRelease(ctx context.Context, db DBTX, arg OutboxReleaseParams) error {
 	_, err := db.Exec(ctx, outboxRelease, arg.LastError, arg.RetryDelayMs, arg.Ids)
 	return err
+}
+
+const outboxReleaseExpired = `-- name: OutboxReleaseExpired :execrows
+UPDATE outbox
+SET claimed_at = NULL
+WHERE published_at IS NULL
+  AND claimed_at < now() - make_interval(secs => $1::float8)
+`
+
+// OutboxReleaseExpired ends the claims older than lease_seconds, those of
+// relays that died between publishing and marking, so that the rows are
+// claimed, and published under the same ids, again. It returns how many.
+func (q *Queries) OutboxReleaseExpired(ctx context.Context, db DBTX, leaseSeconds float64) (int64, error) {
+	result, err := db.Exec(ctx, outboxReleaseExpired, leaseSeconds)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
 }

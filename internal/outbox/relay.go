@@ -197,17 +197,27 @@ func (r *Relay) session(ctx, workCtx context.Context) error {
 			return fmt.Errorf("channel closed: %v", amqpErr)
 		case <-r.wake:
 		case <-poll.C:
+			r.releaseExpired(ctx)
 		}
+	}
+}
+
+// releaseExpired takes over the claims of relays that died.
+func (r *Relay) releaseExpired(ctx context.Context) {
+	n, err := r.queries.OutboxReleaseExpired(ctx, r.pool, r.cfg.Lease.Seconds())
+	if err != nil {
+		r.logger.Error("release expired outbox claims", slog.String("error", err.Error()))
+		return
+	}
+	if n > 0 {
+		r.logger.Warn("took over outbox rows whose relay died; publishing them again under the same ids", slog.Int64("rows", n))
 	}
 }
 
 // publishBatch claims rows, publishes them and records the outcome. It
 // returns an error only when the channel can no longer be used.
 func (r *Relay) publishBatch(ctx, workCtx context.Context, ch *amqp.Channel) (int, error) {
-	rows, err := r.queries.OutboxClaimBatch(ctx, r.pool, dbsqlc.OutboxClaimBatchParams{
-		LeaseSeconds: r.cfg.Lease.Seconds(),
-		MaxRows:      int32(r.cfg.BatchSize),
-	})
+	rows, err := r.queries.OutboxClaimBatch(ctx, r.pool, int32(r.cfg.BatchSize))
 	if err != nil {
 		r.logger.Error("claim outbox rows", slog.String("error", err.Error()))
 		retry.Sleep(ctx, r.cfg.PollInterval)

@@ -140,7 +140,7 @@ func TestRelay(t *testing.T) {
 		keys := b.insertRows(t, 50)
 		// A relay claimed the rows (and perhaps published them) and died
 		// before marking them published.
-		claimed, err := dbsqlc.New().OutboxClaimBatch(t.Context(), b.db.Pool, dbsqlc.OutboxClaimBatchParams{LeaseSeconds: 1, MaxRows: 1000})
+		claimed, err := dbsqlc.New().OutboxClaimBatch(t.Context(), b.db.Pool, 1000)
 		require.NoError(t, err)
 		require.Len(t, claimed, 50)
 
