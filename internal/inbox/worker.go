@@ -32,9 +32,10 @@ type WorkerConfig struct {
 	// Logger receives the worker's logs. Defaults to slog.Default().
 	Logger *slog.Logger
 	// Concurrency is the number of batches handled at once, each in its own
-	// transaction on its own connection. Defaults to 4.
+	// transaction on its own connection. Defaults to 2.
 	Concurrency int
-	// BatchSize is the most messages claimed per transaction. Defaults to 256.
+	// BatchSize is the most messages claimed per transaction. Defaults to
+	// 1000.
 	BatchSize int
 	// PollInterval is how often the worker looks for due messages when nothing
 	// has woken it (wake-ups come from Notify). Defaults to 1 second.
@@ -58,8 +59,8 @@ type WorkerConfig struct {
 func (c *WorkerConfig) withDefaults() (*WorkerConfig, error) {
 	out := *c
 	out.Logger = cmp.Or(out.Logger, slog.Default())
-	out.Concurrency = cmp.Or(out.Concurrency, 4)
-	out.BatchSize = cmp.Or(out.BatchSize, 256)
+	out.Concurrency = cmp.Or(out.Concurrency, 2)
+	out.BatchSize = cmp.Or(out.BatchSize, 1000)
 	out.PollInterval = cmp.Or(out.PollInterval, time.Second)
 	out.HandlerTimeout = cmp.Or(out.HandlerTimeout, 30*time.Second)
 	out.MaxAttempts = cmp.Or(out.MaxAttempts, 10)
