@@ -85,8 +85,9 @@ FOR UPDATE;
 -- locked message: status processed, dead, or pending again with a retry
 -- delay. It ends the claim.
 UPDATE inbox
-SET status          = u.status,
-    claimed_at      = NULL,
+SET status           = u.status,
+    claimed_at       = NULL,
+    replay_requested = false,
     result          = nullif(u.result, ''),
     last_error      = nullif(u.last_error, ''),
     processed_at    = CASE WHEN u.status = 'pending' THEN NULL ELSE now() END,

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
@@ -128,4 +129,46 @@ func TestHeldBackOrderIsReleasedWithSQL(t *testing.T) {
 	require.Equal(t, "processed", b.status(t, "held-cancelled"))
 	require.Equal(t, orders.ResultCancelledUnseen, b.resultOf(t, "held-cancelled"))
 	require.Zero(t, b.count(t, "SELECT count(*) FROM inbox_held_back"))
+}
+
+// Replaying 100 processed and 10 dead messages with the SQL flag while new
+// orders arrive: flags cleared, replays recorded, and no order effect or
+// published event doubled.
+func TestReplayUnderLoadDoublesNothing(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	startProcess(t, serviceEnv(b.db, b.broker))
+	first := loadgen.Generate(loadgen.Spec{Orders: 300, Seed: 12, Prefix: "first"})
+	for i := range 10 { // dead: no userId
+		first.Messages = append(first.Messages, loadgen.Message{
+			MessageID: fmt.Sprintf("bad-%d", i), RoutingKey: "order.created",
+			Body: []byte(fmt.Sprintf(`{"orderId":"bad-%d","email":"a@b","items":[{"sku":"SKU-1","quantity":1}]}`, i)),
+		})
+	}
+	require.NoError(t, loadgen.Publish(t.Context(), b.broker.URL, first.Messages, 200))
+	b.waitDrained(t, 310, 60*time.Second)
+	b.requireEventsOnce(t)
+	orderRows := b.count(t, "SELECT count(*) FROM order_confirmations")
+	outboxRows := b.count(t, "SELECT count(*) FROM outbox")
+
+	second := loadgen.Generate(loadgen.Spec{Orders: 500, Seed: 13, Prefix: "second"})
+	published := publishSlowly(t, b.broker.URL, second, 10*time.Millisecond)
+	_, err := b.db.Pool.Exec(t.Context(), `
+		UPDATE inbox SET replay_requested = true, replay_reason = 'audit'
+		WHERE message_id IN (SELECT message_id FROM inbox WHERE message_id LIKE 'first-%' AND status = 'processed' ORDER BY id LIMIT 100)
+		   OR message_id LIKE 'bad-%'`)
+	require.NoError(t, err)
+	require.NoError(t, <-published)
+
+	b.waitDrained(t, 310+second.UniqueMessageIDs, 60*time.Second)
+	require.Eventually(t, func() bool {
+		return b.count(t, "SELECT count(*) FROM inbox WHERE replay_requested") == 0
+	}, 30*time.Second, 20*time.Millisecond, "flags cleared")
+	require.Equal(t, 110, b.count(t, "SELECT count(*) FROM inbox WHERE replay_count = 1 AND replayed_by IS NOT NULL AND replay_reason = 'audit'"))
+	require.Equal(t, 100, b.count(t, "SELECT count(*) FROM inbox WHERE result LIKE 'replay: %' AND status = 'processed'"))
+	require.Equal(t, 10, b.count(t, "SELECT count(*) FROM inbox WHERE message_id LIKE 'bad-%' AND status = 'dead'"), "still invalid, dead again")
+	require.Equal(t, orderRows+len(second.OrderIDs), b.count(t, "SELECT count(*) FROM order_confirmations"), "no order recorded twice")
+	require.Equal(t, outboxRows+2*len(second.OrderIDs), b.count(t, "SELECT count(*) FROM outbox"), "no effect written twice")
+	b.requireStockAddsUp(t)
+	b.requireEventsOnce(t)
 }

@@ -25,11 +25,12 @@ type e2eBundle struct {
 	db     *testenv.DB
 	broker *testenv.Broker
 	events <-chan amqp.Delivery // everything the relay publishes
+	seen   map[string]int       // event message ids received so far
 }
 
 func setup(t *testing.T) *e2eBundle {
 	t.Helper()
-	b := &e2eBundle{db: testenv.NewDB(t), broker: testenv.NewBroker(t)}
+	b := &e2eBundle{db: testenv.NewDB(t), broker: testenv.NewBroker(t), seen: map[string]int{}}
 	// Declared up front so that nothing published before inboxd connects
 	// is unroutable.
 	require.NoError(t, loadgen.DeclareTopology(b.broker.URL, inbox.QueueTypeQuorum))
@@ -89,16 +90,15 @@ func (b *e2eBundle) requireEventsOnce(t *testing.T) {
 	for _, k := range keys {
 		want[k] = true
 	}
-	got := map[string]int{}
 	timeout := time.After(60 * time.Second)
-	for len(got) < len(want) {
+	for len(b.seen) < len(want) {
 		select {
 		case d := <-b.events:
 			require.NoError(t, d.Ack(false))
 			require.True(t, want[d.MessageId], "unexpected event id %q", d.MessageId)
-			got[d.MessageId]++
+			b.seen[d.MessageId]++
 		case <-timeout:
-			t.Fatalf("%d of %d events arrived", len(got), len(want))
+			t.Fatalf("%d of %d events arrived", len(b.seen), len(want))
 		}
 	}
 }

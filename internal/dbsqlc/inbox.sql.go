@@ -107,8 +107,9 @@ func (q *Queries) InboxClaimUnfinished(ctx context.Context, db DBTX, leaseSecond
 
 const inboxCompleteMany = `-- name: InboxCompleteMany :exec
 UPDATE inbox
-SET status          = u.status,
-    claimed_at      = NULL,
+SET status           = u.status,
+    claimed_at       = NULL,
+    replay_requested = false,
     result          = nullif(u.result, ''),
     last_error      = nullif(u.last_error, ''),
     processed_at    = CASE WHEN u.status = 'pending' THEN NULL ELSE now() END,

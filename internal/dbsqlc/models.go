@@ -26,6 +26,10 @@ type Inbox struct {
 	ProcessedAt     *time.Time
 	ReplayRequested bool
 	OrderKey        pgtype.Text
+	ReplayCount     int32
+	ReplayedAt      *time.Time
+	ReplayedBy      pgtype.Text
+	ReplayReason    pgtype.Text
 }
 
 type InboxDead struct {

@@ -562,3 +562,89 @@ func TestWorkerKeepsEachOrderInArrivalOrder(t *testing.T) {
 		require.Equal(t, inbox.StatusProcessed, readRow(t, b.db.Pool, "a2").Status)
 	})
 }
+
+// replayRecorder records whether each message was handed over as a replay.
+type replayRecorder struct {
+	*effectHandler
+	mu      sync.Mutex
+	replays map[string]bool
+}
+
+func (r *replayRecorder) HandleBatch(ctx context.Context, tx pgx.Tx, msgs []inbox.Message) ([]inbox.Outcome, error) {
+	r.mu.Lock()
+	for _, m := range msgs {
+		r.replays[m.MessageID] = m.Replay
+	}
+	r.mu.Unlock()
+	out := make([]inbox.Outcome, len(msgs))
+	for i, m := range msgs {
+		if err := r.failing[m.MessageID]; err != nil {
+			out[i].Err = err
+			continue
+		}
+		// The effect is idempotent, as a real handler's must be.
+		if _, err := tx.Exec(ctx, "INSERT INTO effects (message_id) VALUES ($1) ON CONFLICT DO NOTHING", m.MessageID); err != nil {
+			return nil, err
+		}
+		out[i].Result = "done"
+	}
+	return out, nil
+}
+
+func TestReplayBySQLFlag(t *testing.T) {
+	t.Parallel()
+	b := setupWorker(t)
+	insertMessages(t, b.db.Pool, 3)
+	b.handler.failing["m-1"] = inbox.Permanentf("bad")
+	rec := &replayRecorder{effectHandler: b.handler, replays: map[string]bool{}}
+	w, err := inbox.NewWorker(b.db.Pool, &inbox.WorkerConfig{Handler: rec, Logger: testenv.Logger(t)})
+	require.NoError(t, err)
+	_, err = w.RunOnce(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, inbox.StatusDead, readRow(t, b.db.Pool, "m-1").Status)
+	require.False(t, rec.replays["m-0"])
+
+	// The operator replays the processed m-0 and the dead m-1, with a reason.
+	delete(b.handler.failing, "m-1")
+	tag, err := b.db.Pool.Exec(t.Context(), `
+		UPDATE inbox SET replay_requested = true, replay_reason = 'fixed the data'
+		WHERE message_id IN ('m-0', 'm-1')`)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, tag.RowsAffected())
+	var status, by, reason string
+	var count, attempts int
+	require.NoError(t, b.db.Pool.QueryRow(t.Context(), `
+		SELECT status, replay_count, replayed_by, replay_reason, attempts FROM inbox WHERE message_id = 'm-1'`).
+		Scan(&status, &count, &by, &reason, &attempts))
+	require.Equal(t, inbox.StatusPending, status)
+	require.Equal(t, 1, count)
+	require.NotEmpty(t, by, "recorded by the database: current_user")
+	require.Equal(t, "fixed the data", reason)
+	require.Zero(t, attempts, "a replay starts with fresh attempts")
+
+	_, err = w.RunOnce(t.Context())
+	require.NoError(t, err)
+	for _, id := range []string{"m-0", "m-1"} {
+		r := readRow(t, b.db.Pool, id)
+		require.Equal(t, inbox.StatusProcessed, r.Status, id)
+		require.True(t, rec.replays[id], "the handler was told %s is a replay", id)
+	}
+	var flagged int
+	require.NoError(t, b.db.Pool.QueryRow(t.Context(), "SELECT count(*) FROM inbox WHERE replay_requested").Scan(&flagged))
+	require.Zero(t, flagged, "flags cleared when done")
+	require.Equal(t, 3, countEffects(t, b.db.Pool), "the replay doubled no effect")
+
+	// Only a replay changes the audit columns; a flag on a pending row is dropped.
+	_, err = b.db.Pool.Exec(t.Context(), "UPDATE inbox SET replay_count = 99, replayed_by = 'someone' WHERE message_id = 'm-0'")
+	require.NoError(t, err)
+	insertMessages2 := dbsqlc.InboxInsertManyParams{MessageIds: []string{"p-0"}, MessageTypes: []string{"test"}, RoutingKeys: []string{""}, Payloads: [][]byte{[]byte("{}")}, OrderKeys: []string{""}}
+	_, err = dbsqlc.New().InboxInsertMany(t.Context(), b.db.Pool, insertMessages2)
+	require.NoError(t, err)
+	_, err = b.db.Pool.Exec(t.Context(), "UPDATE inbox SET replay_requested = true WHERE message_id = 'p-0'")
+	require.NoError(t, err)
+	require.NoError(t, b.db.Pool.QueryRow(t.Context(), "SELECT replay_count, replayed_by FROM inbox WHERE message_id = 'm-0'").Scan(&count, &by))
+	require.Equal(t, 1, count)
+	require.NotEqual(t, "someone", by)
+	require.NoError(t, b.db.Pool.QueryRow(t.Context(), "SELECT count(*) FROM inbox WHERE replay_requested").Scan(&flagged))
+	require.Zero(t, flagged)
+}

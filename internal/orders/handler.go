@@ -24,6 +24,8 @@ const (
 	ResultCancelled          = "cancelled"
 	ResultCancelledUnseen    = "cancelled before the order arrived"
 	ResultNotCancelledPrefix = "not cancelled: order is "
+	// ResultReplayPrefix starts the result of a replayed message.
+	ResultReplayPrefix = "replay: "
 )
 
 // Handler is the inbox.Handler for order messages.
@@ -122,6 +124,11 @@ func (h *Handler) HandleBatch(ctx context.Context, tx pgx.Tx, msgs []inbox.Messa
 	}
 	if err := events.insert(ctx, tx, h.queries); err != nil {
 		return nil, err
+	}
+	for i, m := range msgs {
+		if m.Replay && outcomes[i].Err == nil {
+			outcomes[i].Result = ResultReplayPrefix + outcomes[i].Result
+		}
 	}
 	return outcomes, nil
 }
