@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"time"
 
@@ -393,10 +394,10 @@ func (w *Worker) complete(ctx context.Context, tx pgx.Tx, msgs []Message, outcom
 		switch {
 		case out.Err == nil:
 			p.Statuses[i] = StatusProcessed
-			p.Results[i] = out.Result
+			p.Results[i] = storable(out.Result)
 		case errors.Is(out.Err, ErrPermanent), m.Attempt >= w.cfg.MaxAttempts:
 			p.Statuses[i] = StatusDead
-			p.LastErrors[i] = out.Err.Error()
+			p.LastErrors[i] = storable(out.Err.Error())
 			w.logger.Warn("message dead", slog.String("message_id", m.MessageID),
 				slog.String("message_type", m.Type), slog.Int("attempt", m.Attempt), slog.String("error", out.Err.Error()))
 		default:
@@ -406,7 +407,7 @@ func (w *Worker) complete(ctx context.Context, tx pgx.Tx, msgs []Message, outcom
 				delay = ra.after
 			}
 			p.Statuses[i] = StatusPending
-			p.LastErrors[i] = out.Err.Error()
+			p.LastErrors[i] = storable(out.Err.Error())
 			p.RetryDelaysMs[i] = delay.Milliseconds()
 			w.logger.Info("message will be retried", slog.String("message_id", m.MessageID),
 				slog.Int("attempt", m.Attempt), slog.Duration("retry_in", delay), slog.String("error", out.Err.Error()))
@@ -416,4 +417,15 @@ func (w *Worker) complete(ctx context.Context, tx pgx.Tx, msgs []Message, outcom
 		return fmt.Errorf("record outcomes: %w", err)
 	}
 	return nil
+}
+
+// storable makes a handler's result or error text safe for a text column
+// (valid UTF-8, no NUL), so that no message text can fail the statement that
+// records a whole batch, and bounds its length.
+func storable(s string) string {
+	s = strings.ToValidUTF8(strings.ReplaceAll(s, "\x00", ""), "\uFFFD")
+	if len(s) > 4096 {
+		s = strings.ToValidUTF8(s[:4096], "") + "…"
+	}
+	return s
 }

@@ -648,3 +648,17 @@ func TestReplayBySQLFlag(t *testing.T) {
 	require.NoError(t, b.db.Pool.QueryRow(t.Context(), "SELECT count(*) FROM inbox WHERE replay_requested").Scan(&flagged))
 	require.Zero(t, flagged)
 }
+
+func TestWorkerStoresAnyErrorText(t *testing.T) {
+	t.Parallel()
+	b := setupWorker(t)
+	insertMessages(t, b.db.Pool, 2)
+	b.handler.failing["m-0"] = inbox.Permanentf("bad \x00 byte and \xff invalid UTF-8")
+	w := b.newWorker(t, b.db.Pool, inbox.WorkerConfig{})
+	_, err := w.RunOnce(t.Context())
+	require.NoError(t, err)
+	r := readRow(t, b.db.Pool, "m-0")
+	require.Equal(t, inbox.StatusDead, r.Status)
+	require.Equal(t, "bad  byte and \uFFFD invalid UTF-8", *r.LastError)
+	require.Equal(t, inbox.StatusProcessed, readRow(t, b.db.Pool, "m-1").Status)
+}
