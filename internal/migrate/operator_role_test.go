@@ -1,0 +1,80 @@
+package migrate_test
+
+import (
+	"context"
+	"errors"
+	"net/url"
+	"os"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
+
+	"github.com/orderconfirm/inboxd/internal/dbsqlc"
+	"github.com/orderconfirm/inboxd/internal/testenv"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testenv.Stop()
+	os.Exit(code)
+}
+
+// The operator role reads everything and can replay, and can change
+// nothing else.
+func TestOperatorRole(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	ctx := t.Context()
+	_, err := dbsqlc.New().InboxInsertMany(ctx, db.Pool, dbsqlc.InboxInsertManyParams{
+		MessageIds: []string{"m-1"}, MessageTypes: []string{"order.created"}, RoutingKeys: []string{"order.created"},
+		Payloads: [][]byte{[]byte(`{}`)}, OrderKeys: []string{"o-1"},
+	})
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(ctx, "UPDATE inbox SET status = 'processed', processed_at = now() WHERE message_id = 'm-1'")
+	require.NoError(t, err)
+
+	// A login role of the operator's, for this test only.
+	login := "op_" + db.Schema
+	_, err = db.Pool.Exec(ctx, "CREATE ROLE "+login+" LOGIN PASSWORD 'operator' IN ROLE inbox_operator")
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = db.Pool.Exec(context.WithoutCancel(ctx), "DROP ROLE IF EXISTS "+login) })
+
+	u, err := url.Parse(db.URL)
+	require.NoError(t, err)
+	u.User = url.UserPassword(login, "operator")
+	op, err := pgx.Connect(ctx, u.String())
+	require.NoError(t, err)
+	defer func() { _ = op.Close(context.WithoutCancel(ctx)) }()
+
+	for _, view := range []string{"inbox", "inbox_overview", "inbox_dead", "inbox_held_back", "order_confirmations",
+		"stock", "stock_reservations", "stock_overview", "outbox", "outbox_backlog"} {
+		_, err := op.Exec(ctx, "SELECT * FROM "+view+" LIMIT 1")
+		require.NoError(t, err, "the operator reads %s", view)
+	}
+
+	tag, err := op.Exec(ctx, "UPDATE inbox SET replay_requested = true, replay_reason = 'check' WHERE message_id = 'm-1'")
+	require.NoError(t, err, "the operator replays")
+	require.EqualValues(t, 1, tag.RowsAffected())
+	var status, by string
+	require.NoError(t, db.Pool.QueryRow(ctx, "SELECT status, replayed_by FROM inbox WHERE message_id = 'm-1'").Scan(&status, &by))
+	require.Equal(t, "pending", status, "the trigger did the rest")
+	require.Equal(t, login, by)
+
+	for _, stmt := range []string{
+		"UPDATE inbox SET status = 'dead'",
+		"UPDATE inbox SET replay_count = 0",
+		"DELETE FROM inbox",
+		"INSERT INTO inbox (message_id, message_type, payload) VALUES ('x', 'y', '')",
+		"UPDATE stock SET available = 0",
+		"DELETE FROM outbox",
+		"UPDATE order_confirmations SET status = 'cancelled'",
+		"TRUNCATE inbox",
+	} {
+		_, err := op.Exec(ctx, stmt)
+		var pgErr *pgconn.PgError
+		require.True(t, errors.As(err, &pgErr), "%s: %v", stmt, err)
+		require.Equal(t, "42501", pgErr.Code, "%s is refused with permission denied", stmt)
+	}
+}
