@@ -8,16 +8,20 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/orderconfirm/inboxd/internal/inbox"
 	"github.com/orderconfirm/inboxd/internal/outbox"
 )
 
-// newHTTPHandler serves /healthz (the process is alive) and /readyz (it can
+// newHTTPHandler serves /healthz (the process is alive), /readyz (it can
 // reach PostgreSQL, is consuming from RabbitMQ and its relay is connected),
-// and, when withPprof, Go's profiler under /debug/pprof/.
-func newHTTPHandler(pool *pgxpool.Pool, consumer *inbox.Consumer, relay *outbox.Relay, withPprof bool) http.Handler {
+// /metrics (Prometheus) and, when withPprof, Go's profiler under
+// /debug/pprof/.
+func newHTTPHandler(pool *pgxpool.Pool, consumer *inbox.Consumer, relay *outbox.Relay, registry *prometheus.Registry, withPprof bool) http.Handler {
 	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
 	if withPprof {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
 		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)

@@ -39,18 +39,22 @@ func startPGProxy(t *testing.T, target string, every int64) *pgProxy {
 	require.NoError(t, err)
 	p := &pgProxy{ln: ln, target: target, every: every}
 	go p.accept()
-	t.Cleanup(func() {
-		_ = ln.Close()
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		for _, c := range p.conns {
-			_ = c.Close()
-		}
-	})
+	t.Cleanup(p.stop)
 	return p
 }
 
 func (p *pgProxy) addr() string { return p.ln.Addr().String() }
+
+// stop makes PostgreSQL unreachable through the proxy: it refuses new
+// connections and cuts the open ones.
+func (p *pgProxy) stop() {
+	_ = p.ln.Close()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range p.conns {
+		_ = c.Close()
+	}
+}
 
 func (p *pgProxy) accept() {
 	for {

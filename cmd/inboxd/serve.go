@@ -14,6 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/orderconfirm/inboxd/internal/inbox"
+	"github.com/orderconfirm/inboxd/internal/metrics"
 	"github.com/orderconfirm/inboxd/internal/migrate"
 	"github.com/orderconfirm/inboxd/internal/orders"
 	"github.com/orderconfirm/inboxd/internal/outbox"
@@ -54,11 +55,15 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
 		return err
 	}
 	defer workerPool.Close()
-	relayPool, err := newPool(ctx, cfg, "relay", 2)
+	relayPool, err := newPool(ctx, cfg, "relay", 3)
 	if err != nil {
 		return err
 	}
 	defer relayPool.Close()
+
+	// Scrapes read the database through the relay's pool: it is small, busy
+	// only in bursts, and not on the path of ingest or the workers.
+	m := metrics.New(relayPool, logger, 2*time.Second)
 
 	worker, err := inbox.NewWorker(workerPool, &inbox.WorkerConfig{
 		Handler:        wrapHandler(orders.NewHandler(logger)),
@@ -71,6 +76,7 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
 		RetryBase:      cfg.retryBase,
 		RetryMax:       cfg.retryMax,
 		ClaimLease:     cfg.claimLease,
+		Observe:        m.ObserveBatch,
 	})
 	if err != nil {
 		return err
@@ -91,6 +97,7 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
 		StoreTimeout:           cfg.ingestStoreTimeout,
 		OnStored:               worker.Notify,
 		OrderingKey:            orders.OrderingKey,
+		Observe:                m.ObserveIngest,
 	})
 	if err != nil {
 		return err
@@ -106,6 +113,7 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
 		RetryBase:      cfg.retryBase,
 		RetryMax:       cfg.retryMax,
 		Heartbeat:      cfg.amqpHeartbeat,
+		OnPublished:    m.ObservePublished,
 	})
 	if err != nil {
 		return err
@@ -115,7 +123,7 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
 	listener := inbox.NewListener(listenConfig, logger, worker.Notify, relay.Notify)
 
 	httpServer := &http.Server{
-		Handler:           newHTTPHandler(workerPool, consumer, relay, cfg.pprof),
+		Handler:           newHTTPHandler(workerPool, consumer, relay, m.Registry, cfg.pprof),
 		ReadHeaderTimeout: 5 * time.Second,
 	}
 	ln, err := net.Listen("tcp", cfg.httpAddr)

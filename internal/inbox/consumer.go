@@ -71,6 +71,19 @@ type ConsumerConfig struct {
 	// orders the message with no other. It must not fail or block; a body
 	// it cannot read has no key.
 	OrderingKey func(messageType string, body []byte) string
+	// Observe, when set, is told about every batch ingest acknowledged. It
+	// must not block.
+	Observe func(IngestStats)
+}
+
+// IngestStats describes one acknowledged ingest batch.
+type IngestStats struct {
+	// Deliveries is the size of the batch.
+	Deliveries int
+	// Inserted counts the new inbox rows, Duplicates the deliveries whose
+	// message id was already stored, DeadLettered those sent to the
+	// dead-letter exchange.
+	Inserted, Duplicates, DeadLettered int
 }
 
 func (c *ConsumerConfig) withDefaults() (*ConsumerConfig, error) {
@@ -389,6 +402,14 @@ func (b *batch) flush(ctx context.Context) error {
 		slog.Int("inserted", inserted),
 		slog.Int("duplicates", len(rows)-len(dbRejects)-inserted),
 		slog.Int("dead_lettered", len(rejects)))
+	if c.cfg.Observe != nil {
+		c.cfg.Observe(IngestStats{
+			Deliveries:   len(b.deliveries),
+			Inserted:     inserted,
+			Duplicates:   len(rows) - len(dbRejects) - inserted,
+			DeadLettered: len(rejects),
+		})
+	}
 	b.deliveries = b.deliveries[:0]
 	if inserted > 0 && c.cfg.OnStored != nil {
 		c.cfg.OnStored()

@@ -51,6 +51,9 @@ type WorkerConfig struct {
 	RetryBase time.Duration
 	// RetryMax caps the retry delay. Defaults to 5 minutes.
 	RetryMax time.Duration
+	// Observe, when set, is told about every batch whose outcomes were
+	// committed. It must not block.
+	Observe func(BatchStats)
 	// ClaimLease is how long a claim that has not locked its row yet is left
 	// alone. After a crash, the crashed process's claims are taken over once
 	// it has passed. Defaults to 5 seconds.
@@ -81,6 +84,18 @@ func (c *WorkerConfig) withDefaults() (*WorkerConfig, error) {
 		return nil, fmt.Errorf("worker: MaxAttempts must be at least 1, got %d", out.MaxAttempts)
 	}
 	return &out, nil
+}
+
+// BatchStats describes one committed work batch.
+type BatchStats struct {
+	// Processed, Retried and Dead count the messages by outcome; Replays
+	// counts the replayed messages among them.
+	Processed, Retried, Dead, Replays int
+	// HandlerDuration is how long the handler took for the batch.
+	HandlerDuration time.Duration
+	// Latencies holds, for each processed message, the time from its
+	// arrival in the inbox to the commit.
+	Latencies []time.Duration
 }
 
 // Worker claims pending inbox rows in batches with FOR UPDATE SKIP LOCKED,
@@ -284,11 +299,13 @@ func (w *Worker) work(ctx context.Context, ids []int64) error {
 	}
 
 	var outcomes []Outcome
+	handleStarted := time.Now()
 	if len(msgs) > 0 {
 		if outcomes, err = w.handle(ctx, tx, msgs); err != nil {
 			return err
 		}
 	}
+	handlerDuration := time.Since(handleStarted)
 	for _, m := range givenUp {
 		msgs = append(msgs, m)
 		outcomes = append(outcomes, Outcome{Err: Permanent(fmt.Errorf(
@@ -298,7 +315,8 @@ func (w *Worker) work(ctx context.Context, ids []int64) error {
 	if len(msgs) == 0 {
 		return nil
 	}
-	if err := w.complete(ctx, tx, msgs, outcomes); err != nil {
+	statuses, err := w.complete(ctx, tx, msgs, outcomes)
+	if err != nil {
 		return err
 	}
 	// Commit even when ctx was cancelled during a graceful stop: the work is done.
@@ -308,7 +326,30 @@ func (w *Worker) work(ctx context.Context, ids []int64) error {
 		// lease ends, and the domain's unique keys make a second run safe.
 		return fmt.Errorf("commit work batch: %w", err)
 	}
+	if w.cfg.Observe != nil {
+		w.cfg.Observe(batchStats(msgs, statuses, handlerDuration))
+	}
 	return nil
+}
+
+func batchStats(msgs []Message, statuses []string, handlerDuration time.Duration) BatchStats {
+	st := BatchStats{HandlerDuration: handlerDuration}
+	now := time.Now()
+	for i, m := range msgs {
+		switch statuses[i] {
+		case StatusProcessed:
+			st.Processed++
+			st.Latencies = append(st.Latencies, now.Sub(m.ReceivedAt))
+		case StatusDead:
+			st.Dead++
+		default:
+			st.Retried++
+		}
+		if m.Replay {
+			st.Replays++
+		}
+	}
+	return st
 }
 
 // handle runs the handler on the whole batch under a savepoint; if that
@@ -379,8 +420,9 @@ func (w *Worker) callHandler(ctx context.Context, tx pgx.Tx, msgs []Message) (ou
 	return w.cfg.Handler.HandleBatch(ctx, tx, msgs)
 }
 
-// complete writes every message's outcome in one statement.
-func (w *Worker) complete(ctx context.Context, tx pgx.Tx, msgs []Message, outcomes []Outcome) error {
+// complete writes every message's outcome in one statement, and returns the
+// status it gave each.
+func (w *Worker) complete(ctx context.Context, tx pgx.Tx, msgs []Message, outcomes []Outcome) ([]string, error) {
 	p := dbsqlc.InboxCompleteManyParams{
 		Ids:           make([]int64, len(msgs)),
 		Statuses:      make([]string, len(msgs)),
@@ -414,9 +456,9 @@ func (w *Worker) complete(ctx context.Context, tx pgx.Tx, msgs []Message, outcom
 		}
 	}
 	if err := w.queries.InboxCompleteMany(ctx, tx, p); err != nil {
-		return fmt.Errorf("record outcomes: %w", err)
+		return nil, fmt.Errorf("record outcomes: %w", err)
 	}
-	return nil
+	return p.Statuses, nil
 }
 
 // storable makes a handler's result or error text safe for a text column

@@ -52,6 +52,9 @@ type RelayConfig struct {
 	RetryBase, RetryMax time.Duration
 	// Heartbeat is the AMQP heartbeat interval. Defaults to 10 seconds.
 	Heartbeat time.Duration
+	// OnPublished, when set, is told how many rows each batch published
+	// (confirmed and marked). It must not block.
+	OnPublished func(n int)
 }
 
 func (c *RelayConfig) withDefaults() (*RelayConfig, error) {
@@ -267,6 +270,8 @@ func (r *Relay) publishBatch(ctx, workCtx context.Context, ch *amqp.Channel) (in
 			// The rows stay claimed and are published again, under the same
 			// ids, once the lease has passed.
 			r.logger.Error("mark outbox rows published", slog.String("error", err.Error()), slog.Int("rows", len(published)))
+		} else if r.cfg.OnPublished != nil {
+			r.cfg.OnPublished(len(published))
 		}
 	}
 	if len(failed) > 0 {

@@ -1,0 +1,145 @@
+package main
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/orderconfirm/inboxd/internal/loadgen"
+)
+
+// freeAddr returns a loopback address nothing listens on.
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+func httpGet(t *testing.T, rawURL string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(rawURL)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// scrape returns the samples of /metrics by their name and labels as
+// written, e.g. `inbox_handled_total{outcome="dead"}`.
+func scrape(t *testing.T, addr string) map[string]float64 {
+	t.Helper()
+	status, body := httpGet(t, "http://"+addr+"/metrics")
+	require.Equal(t, http.StatusOK, status, body)
+	samples := map[string]float64{}
+	sc := bufio.NewScanner(strings.NewReader(body))
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		require.NoError(t, err, line)
+		samples[line[:i]] = v
+	}
+	return samples
+}
+
+// Acceptance: /metrics exposes the named metrics with the right counts after
+// a known workload, and /readyz fails while PostgreSQL is unreachable.
+func TestMetricsAndReadiness(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	u, err := url.Parse(b.db.URL)
+	require.NoError(t, err)
+	proxy := startPGProxy(t, u.Host, 1<<62) // forwards everything
+	u.Host = proxy.addr()
+	addr := freeAddr(t)
+	startProcess(t, append(serviceEnv(b.db, b.broker), "DATABASE_URL="+u.String(), "HTTP_ADDR="+addr))
+	require.Eventually(t, func() bool {
+		status, _ := httpGet(t, "http://"+addr+"/readyz")
+		return status == http.StatusOK
+	}, 30*time.Second, 50*time.Millisecond)
+
+	w := loadgen.Generate(loadgen.Spec{Orders: 100, Seed: 14})
+	msgs := append(w.Messages, w.Messages[:20]...) // 20 redeliveries
+	msgs = append(msgs, loadgen.Message{MessageID: "bad", RoutingKey: "order.created", Body: []byte(`{"orderId":`)})
+	require.NoError(t, loadgen.Publish(t.Context(), b.broker.URL, msgs, 100))
+	publishTypedNoID(t, b.broker.URL)
+	b.waitDrained(t, 101, 30*time.Second)
+	b.requireEventsOnce(t)
+
+	want := map[string]float64{
+		"inbox_received_total":                     101,
+		"inbox_duplicates_total":                   20,
+		"inbox_dead_lettered_total":                1,
+		`inbox_handled_total{outcome="processed"}`: 100,
+		`inbox_handled_total{outcome="dead"}`:      1,
+		`inbox_handled_total{outcome="retried"}`:   0,
+		"inbox_replays_total":                      0,
+		"outbox_published_total":                   200,
+		"inbox_pending":                            0,
+		"inbox_dead":                               1,
+		"outbox_backlog":                           0,
+		"inbox_database_up":                        1,
+		"inbox_end_to_end_seconds_count":           100,
+	}
+	require.Eventually(t, func() bool {
+		got := scrape(t, addr)
+		for k, v := range want {
+			if got[k] != v {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, 100*time.Millisecond, "metrics after the workload: %v", func() string {
+		got := scrape(t, addr)
+		var out []string
+		for k := range want {
+			out = append(out, fmt.Sprintf("%s=%v", k, got[k]))
+		}
+		return strings.Join(out, " ")
+	}())
+	got := scrape(t, addr)
+	require.Positive(t, got["inbox_ingest_batch_size_count"])
+	require.Positive(t, got["inbox_handler_batch_seconds_count"])
+
+	proxy.stop()
+	require.Eventually(t, func() bool {
+		status, _ := httpGet(t, "http://"+addr+"/readyz")
+		return status == http.StatusServiceUnavailable
+	}, 30*time.Second, 100*time.Millisecond, "/readyz fails while PostgreSQL is unreachable")
+	status, _ := httpGet(t, "http://"+addr+"/healthz")
+	require.Equal(t, http.StatusOK, status, "still alive")
+	require.Zero(t, scrape(t, addr)["inbox_database_up"])
+}
+
+func publishTypedNoID(t *testing.T, amqpURL string) {
+	t.Helper()
+	conn, err := amqp.Dial(amqpURL)
+	require.NoError(t, err)
+	defer conn.Close()
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	require.NoError(t, ch.Confirm(false))
+	dc, err := ch.PublishWithDeferredConfirmWithContext(t.Context(), "orders", "order.created", false, false,
+		amqp.Publishing{DeliveryMode: amqp.Persistent, Body: []byte(`{}`)})
+	require.NoError(t, err)
+	ok, err := dc.WaitContext(t.Context())
+	require.NoError(t, err)
+	require.True(t, ok)
+}

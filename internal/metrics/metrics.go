@@ -1,0 +1,139 @@
+// Package metrics exposes the service's Prometheus metrics: counters fed by
+// ingest, the workers and the relay, and gauges read from the database on
+// every scrape.
+package metrics
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/orderconfirm/inboxd/internal/dbsqlc"
+	"github.com/orderconfirm/inboxd/internal/inbox"
+)
+
+// Metrics holds the service's collectors, registered on Registry.
+type Metrics struct {
+	// Registry is what /metrics serves.
+	Registry *prometheus.Registry
+
+	received     prometheus.Counter
+	duplicates   prometheus.Counter
+	deadLettered prometheus.Counter
+	batchSize    prometheus.Histogram
+	outcomes     *prometheus.CounterVec
+	replays      prometheus.Counter
+	handler      prometheus.Histogram
+	endToEnd     prometheus.Histogram
+	published    prometheus.Counter
+}
+
+// New returns the metrics, with gauges that read the database through pool
+// (each scrape bounded by timeout) and Go's process and runtime collectors.
+func New(pool *pgxpool.Pool, logger *slog.Logger, timeout time.Duration) *Metrics {
+	m := &Metrics{
+		Registry: prometheus.NewRegistry(),
+		received: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "inbox_received_total", Help: "Deliveries stored as new inbox rows.",
+		}),
+		duplicates: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "inbox_duplicates_total", Help: "Deliveries whose message id was already in the inbox.",
+		}),
+		deadLettered: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "inbox_dead_lettered_total", Help: "Deliveries sent to order-confirmation.dlx because they could not be stored.",
+		}),
+		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "inbox_ingest_batch_size", Help: "Deliveries per acknowledged ingest batch.",
+			Buckets: prometheus.ExponentialBuckets(1, 2, 12),
+		}),
+		outcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "inbox_handled_total", Help: "Handling attempts by outcome: processed, retried or dead.",
+		}, []string{"outcome"}),
+		replays: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "inbox_replays_total", Help: "Replayed messages handled.",
+		}),
+		handler: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "inbox_handler_batch_seconds", Help: "Time the handler took per work batch.",
+			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+		}),
+		endToEnd: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "inbox_end_to_end_seconds", Help: "Time from a message's arrival in the inbox to its processed commit.",
+			Buckets: prometheus.ExponentialBuckets(0.001, 2, 18),
+		}),
+		published: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "outbox_published_total", Help: "Outbox rows published and confirmed by the broker.",
+		}),
+	}
+	for _, s := range []string{"processed", "retried", "dead"} {
+		m.outcomes.WithLabelValues(s)
+	}
+	m.Registry.MustRegister(m.received, m.duplicates, m.deadLettered, m.batchSize, m.outcomes, m.replays,
+		m.handler, m.endToEnd, m.published,
+		&gauges{pool: pool, logger: logger, timeout: timeout},
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}
+
+// ObserveIngest records an acknowledged ingest batch.
+func (m *Metrics) ObserveIngest(s inbox.IngestStats) {
+	m.received.Add(float64(s.Inserted))
+	m.duplicates.Add(float64(s.Duplicates))
+	m.deadLettered.Add(float64(s.DeadLettered))
+	m.batchSize.Observe(float64(s.Deliveries))
+}
+
+// ObserveBatch records a committed work batch.
+func (m *Metrics) ObserveBatch(s inbox.BatchStats) {
+	m.outcomes.WithLabelValues("processed").Add(float64(s.Processed))
+	m.outcomes.WithLabelValues("retried").Add(float64(s.Retried))
+	m.outcomes.WithLabelValues("dead").Add(float64(s.Dead))
+	m.replays.Add(float64(s.Replays))
+	m.handler.Observe(s.HandlerDuration.Seconds())
+	for _, l := range s.Latencies {
+		m.endToEnd.Observe(l.Seconds())
+	}
+}
+
+// ObservePublished records published outbox rows.
+func (m *Metrics) ObservePublished(n int) { m.published.Add(float64(n)) }
+
+// gauges reads the database's state on every scrape.
+type gauges struct {
+	pool    *pgxpool.Pool
+	logger  *slog.Logger
+	timeout time.Duration
+}
+
+var (
+	pendingDesc = prometheus.NewDesc("inbox_pending", "Messages waiting to be handled (including retries).", nil, nil)
+	deadDesc    = prometheus.NewDesc("inbox_dead", "Messages that will not be retried unless replayed.", nil, nil)
+	oldestDesc  = prometheus.NewDesc("inbox_oldest_pending_age_seconds", "Age of the oldest pending message.", nil, nil)
+	backlogDesc = prometheus.NewDesc("outbox_backlog", "Outbox rows not yet published.", nil, nil)
+	upDesc      = prometheus.NewDesc("inbox_database_up", "Whether the last scrape could read the database.", nil, nil)
+)
+
+func (g *gauges) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{pendingDesc, deadDesc, oldestDesc, backlogDesc, upDesc} {
+		ch <- d
+	}
+}
+
+func (g *gauges) Collect(ch chan<- prometheus.Metric) {
+	ctx, cancel := context.WithTimeout(context.Background(), g.timeout)
+	defer cancel()
+	row, err := dbsqlc.New().MetricsGauges(ctx, g.pool)
+	if err != nil {
+		g.logger.Warn("read metrics gauges", slog.String("error", err.Error()))
+		ch <- prometheus.MustNewConstMetric(upDesc, prometheus.GaugeValue, 0)
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(upDesc, prometheus.GaugeValue, 1)
+	ch <- prometheus.MustNewConstMetric(pendingDesc, prometheus.GaugeValue, float64(row.Pending))
+	ch <- prometheus.MustNewConstMetric(deadDesc, prometheus.GaugeValue, float64(row.Dead))
+	ch <- prometheus.MustNewConstMetric(oldestDesc, prometheus.GaugeValue, row.OldestPendingSeconds)
+	ch <- prometheus.MustNewConstMetric(backlogDesc, prometheus.GaugeValue, float64(row.OutboxBacklog))
+}
