@@ -51,6 +51,16 @@ func copyRepo(t *testing.T) string {
 	return dst
 }
 
+// replaceIn replaces the first old in the file at path with new, and fails
+// the test if old is not there.
+func replaceIn(t *testing.T, path, old, new string) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	require.NoError(t, err)
+	require.Contains(t, string(b), old)
+	require.NoError(t, os.WriteFile(path, []byte(strings.Replace(string(b), old, new, 1)), 0o644))
+}
+
 func makeVerify(t *testing.T, dir, sqlc string) (string, error) {
 	t.Helper()
 	cmd := exec.Command("make", "--no-print-directory", "verify", "SQLC="+sqlc)
@@ -74,12 +84,7 @@ func TestMakeVerifyCatchesStaleGeneratedCode(t *testing.T) {
 	t.Run("QueryChanged", func(t *testing.T) {
 		t.Parallel()
 		dir := copyRepo(t)
-		path := filepath.Join(dir, "queries", "inbox.sql")
-		b, err := os.ReadFile(path)
-		require.NoError(t, err)
-		changed := strings.Replace(string(b), "RETURNING message_id;", "RETURNING message_id, received_at;", 1)
-		require.NotEqual(t, string(b), changed)
-		require.NoError(t, os.WriteFile(path, []byte(changed), 0o644))
+		replaceIn(t, filepath.Join(dir, "queries", "inbox.sql"), "RETURNING message_id;", "RETURNING message_id, received_at;")
 		out, err := makeVerify(t, dir, sqlc)
 		require.Error(t, err, "make verify passed with a stale query:\n%s", out)
 	})
@@ -99,12 +104,7 @@ func TestMakeVerifyCatchesStaleGeneratedCode(t *testing.T) {
 	t.Run("MigrationChanged", func(t *testing.T) {
 		t.Parallel()
 		dir := copyRepo(t)
-		path := filepath.Join(dir, "migrations", "00001_inbox.sql")
-		b, err := os.ReadFile(path)
-		require.NoError(t, err)
-		changed := strings.Replace(string(b), "    attempts         integer ", "    attempts         bigint  ", 1)
-		require.NotEqual(t, string(b), changed)
-		require.NoError(t, os.WriteFile(path, []byte(changed), 0o644))
+		replaceIn(t, filepath.Join(dir, "migrations", "00001_inbox.sql"), "    attempts         integer ", "    attempts         bigint  ")
 		out, err := makeVerify(t, dir, sqlc)
 		require.Error(t, err, "make verify passed with a changed migration:\n%s", out)
 	})

@@ -83,5 +83,5 @@ func TestDisruptivePostgresRestart(t *testing.T) {
 	b.waitDrained(t, w.UniqueMessageIDs, 120*time.Second)
 	b.requireExactlyOnce(t, w)
 	require.False(t, p.exited(), "inboxd recovered without a restart")
-	require.Zero(t, b.queueDepth(t, inbox.QueueDead), "ingest paused instead of dead-lettering")
+	require.Zero(t, b.broker.ReadyMessages(t, inbox.QueueDead), "ingest paused instead of dead-lettering")
 }

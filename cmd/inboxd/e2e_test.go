@@ -250,30 +250,17 @@ func TestMalformedInputEndsDeadWithAReason(t *testing.T) {
 	b := setup(t)
 	p := startProcess(t, serviceEnv(b.db, b.broker))
 
-	conn, err := amqp.Dial(b.broker.URL)
-	require.NoError(t, err)
-	defer conn.Close()
-	ch, err := conn.Channel()
-	require.NoError(t, err)
-	require.NoError(t, ch.Confirm(false))
-	publish := func(key string, p amqp.Publishing) {
-		t.Helper()
-		p.DeliveryMode = amqp.Persistent
-		dc, err := ch.PublishWithDeferredConfirmWithContext(t.Context(), inbox.ExchangeOrders, key, false, false, p)
-		require.NoError(t, err)
-		ok, err := dc.WaitContext(t.Context())
-		require.NoError(t, err)
-		require.True(t, ok)
-	}
-	publish("order.created", amqp.Publishing{Body: loadgen.OrderCreatedBody("o-noid", 1)})
-	publish("order.created", amqp.Publishing{MessageId: "huge", Body: []byte(`{"orderId":"` + strings.Repeat("x", 1<<20) + `"}`)})
-	publish("order.created", amqp.Publishing{MessageId: "bad-json", Body: []byte(`{"orderId": "o-1", `)})
-	publish("order.created", amqp.Publishing{MessageId: "nul", Body: []byte("{\"orderId\":\"o-\x00\"}")})
-	publish("order.cancelled", amqp.Publishing{MessageId: "wrong-type", Body: []byte(`{"orderId": 7}`)})
-	publish("order.created", amqp.Publishing{MessageId: "empty", Body: nil})
-	publish("order.created", amqp.Publishing{MessageId: "binary", Body: []byte("\x00\xff\xfe{\x00}")})
-	publish("order.created", amqp.Publishing{MessageId: "ten-mib", Body: make([]byte, 10<<20)})
-	publish("order.created", amqp.Publishing{MessageId: "good", Body: loadgen.OrderCreatedBody("o-good", 1)})
+	require.NoError(t, loadgen.Publish(t.Context(), b.broker.URL, []loadgen.Message{
+		{RoutingKey: "order.created", Body: loadgen.OrderCreatedBody("o-noid", 1)},
+		{MessageID: "huge", RoutingKey: "order.created", Body: []byte(`{"orderId":"` + strings.Repeat("x", 1<<20) + `"}`)},
+		{MessageID: "bad-json", RoutingKey: "order.created", Body: []byte(`{"orderId": "o-1", `)},
+		{MessageID: "nul", RoutingKey: "order.created", Body: []byte("{\"orderId\":\"o-\x00\"}")},
+		{MessageID: "wrong-type", RoutingKey: "order.cancelled", Body: []byte(`{"orderId": 7}`)},
+		{MessageID: "empty", RoutingKey: "order.created", Body: nil},
+		{MessageID: "binary", RoutingKey: "order.created", Body: []byte("\x00\xff\xfe{\x00}")},
+		{MessageID: "ten-mib", RoutingKey: "order.created", Body: make([]byte, 10<<20)},
+		{MessageID: "good", RoutingKey: "order.created", Body: loadgen.OrderCreatedBody("o-good", 1)},
+	}, 1))
 
 	b.waitDrained(t, 6, 30*time.Second)
 	require.Equal(t, "processed", b.status(t, "good"), "the service kept consuming")
@@ -284,6 +271,11 @@ func TestMalformedInputEndsDeadWithAReason(t *testing.T) {
 	require.NoError(t, b.db.Pool.QueryRow(t.Context(), "SELECT last_error FROM inbox_dead WHERE message_id = 'bad-json'").Scan(&lastError))
 	require.Contains(t, lastError, "invalid payload: not a JSON object")
 
+	conn, err := amqp.Dial(b.broker.URL)
+	require.NoError(t, err)
+	defer conn.Close()
+	ch, err := conn.Channel()
+	require.NoError(t, err)
 	dead, err := ch.Consume(inbox.QueueDead, "", true, false, false, false, nil)
 	require.NoError(t, err)
 	reasons := map[string]string{}
@@ -300,19 +292,6 @@ func TestMalformedInputEndsDeadWithAReason(t *testing.T) {
 	require.Contains(t, reasons["ten-mib"], "message too large: 10485760 bytes")
 	require.True(t, p.logContains(`"msg":"delivery dead-lettered"`))
 	require.False(t, p.exited(), "the consumer never crashed")
-}
-
-// queueDepth returns the number of ready messages in a queue.
-func (b *e2eBundle) queueDepth(t *testing.T, queue string) int {
-	t.Helper()
-	conn, err := amqp.Dial(b.broker.URL)
-	require.NoError(t, err)
-	defer conn.Close()
-	ch, err := conn.Channel()
-	require.NoError(t, err)
-	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
-	require.NoError(t, err)
-	return q.Messages
 }
 
 func (b *e2eBundle) status(t *testing.T, messageID string) string {

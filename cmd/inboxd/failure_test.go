@@ -5,10 +5,8 @@ import (
 	"testing"
 	"time"
 
-	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/orderconfirm/inboxd/internal/inbox"
 	"github.com/orderconfirm/inboxd/internal/loadgen"
 )
 
@@ -24,7 +22,9 @@ func TestCrashLoopEndsDead(t *testing.T) {
 	w := loadgen.Generate(loadgen.Spec{Orders: 200, Seed: 5})
 	msgs := append([]loadgen.Message{}, w.Messages[:100]...)
 	require.NoError(t, loadgen.Publish(t.Context(), b.broker.URL, msgs, 100))
-	publishTyped(t, b.broker.URL, "poison", "test.crash", []byte(`{"orderId":"boom"}`))
+	require.NoError(t, loadgen.Publish(t.Context(), b.broker.URL, []loadgen.Message{
+		{MessageID: "poison", RoutingKey: "order.created", Type: "test.crash", Body: []byte(`{"orderId":"boom"}`)},
+	}, 1))
 	require.NoError(t, loadgen.Publish(t.Context(), b.broker.URL, w.Messages[100:], 100))
 
 	crashes := 0
@@ -54,25 +54,6 @@ func TestCrashLoopEndsDead(t *testing.T) {
 	b.waitDrained(t, w.UniqueMessageIDs+1, 60*time.Second)
 	require.Equal(t, 200, b.count(t, "SELECT count(*) FROM order_confirmations"))
 	require.Equal(t, 200, b.count(t, "SELECT count(*) FROM inbox WHERE status = 'processed'"), "its batch-mates were not given up")
-}
-
-// publishTyped publishes one persistent message with an AMQP type to the
-// orders exchange, routed as order.created.
-func publishTyped(t *testing.T, amqpURL, messageID, msgType string, body []byte) {
-	t.Helper()
-	conn, err := amqp.Dial(amqpURL)
-	require.NoError(t, err)
-	defer conn.Close()
-	ch, err := conn.Channel()
-	require.NoError(t, err)
-	require.NoError(t, ch.Confirm(false))
-	dc, err := ch.PublishWithDeferredConfirmWithContext(t.Context(), inbox.ExchangeOrders, "order.created", false, false, amqp.Publishing{
-		MessageId: messageID, Type: msgType, DeliveryMode: amqp.Persistent, Body: body,
-	})
-	require.NoError(t, err)
-	ok, err := dc.WaitContext(t.Context())
-	require.NoError(t, err)
-	require.True(t, ok)
 }
 
 // publishSlowly publishes w's messages in slices of 100, pausing between

@@ -56,20 +56,6 @@ func (b *consumerBundle) inboxCount(t *testing.T) int {
 	return n
 }
 
-// readyMessages returns the exact number of messages in a queue that are
-// ready for delivery (not held unacknowledged by a consumer).
-func (b *consumerBundle) readyMessages(t *testing.T, queue string) int {
-	t.Helper()
-	conn, err := amqp.Dial(b.broker.URL)
-	require.NoError(t, err)
-	defer conn.Close()
-	ch, err := conn.Channel()
-	require.NoError(t, err)
-	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
-	require.NoError(t, err)
-	return q.Messages
-}
-
 func messages(prefix string, n int) []loadgen.Message {
 	msgs := make([]loadgen.Message, n)
 	for i := range msgs {
@@ -95,7 +81,7 @@ func TestConsumer(t *testing.T) {
 		require.Eventually(t, func() bool { return b.inboxCount(t) == 301 }, 20*time.Second, 20*time.Millisecond)
 		stop()                             // unacknowledged deliveries would return to the queue now
 		time.Sleep(500 * time.Millisecond) // the broker requeues them asynchronously
-		require.Zero(t, b.readyMessages(t, inbox.QueueInbox), "every delivery was acknowledged")
+		require.Zero(t, b.broker.ReadyMessages(t, inbox.QueueInbox), "every delivery was acknowledged")
 		require.Equal(t, 301, b.inboxCount(t))
 
 		var first string
@@ -109,26 +95,19 @@ func TestConsumer(t *testing.T) {
 		b := setupConsumer(t)
 		b.start(t, inbox.ConsumerConfig{MaxMessageBytes: 1024})
 
+		require.NoError(t, loadgen.Publish(t.Context(), b.broker.URL, []loadgen.Message{
+			{RoutingKey: "order.created", Body: []byte(`{"orderId":"no-id"}`)},
+			{MessageID: "too-big", RoutingKey: "order.created", Body: []byte(strings.Repeat("x", 1025))},
+			{MessageID: "bad-\xff-id", RoutingKey: "order.created", Body: []byte(`{}`)},
+			{MessageID: "nul-\x00-id", RoutingKey: "order.created", Body: []byte(`{}`)},
+			{MessageID: "fine", RoutingKey: "order.created", Body: []byte(`{}`)},
+		}, 10))
+
 		conn, err := amqp.Dial(b.broker.URL)
 		require.NoError(t, err)
 		defer conn.Close()
 		ch, err := conn.Channel()
 		require.NoError(t, err)
-		require.NoError(t, ch.Confirm(false))
-		publish := func(p amqp.Publishing) {
-			p.DeliveryMode = amqp.Persistent
-			dc, err := ch.PublishWithDeferredConfirmWithContext(t.Context(), inbox.ExchangeOrders, "order.created", false, false, p)
-			require.NoError(t, err)
-			ok, err := dc.WaitContext(t.Context())
-			require.NoError(t, err)
-			require.True(t, ok)
-		}
-		publish(amqp.Publishing{Body: []byte(`{"orderId":"no-id"}`)})
-		publish(amqp.Publishing{MessageId: "too-big", Body: []byte(strings.Repeat("x", 1025))})
-		publish(amqp.Publishing{MessageId: "bad-\xff-id", Body: []byte(`{}`)})
-		publish(amqp.Publishing{MessageId: "nul-\x00-id", Body: []byte(`{}`)})
-		publish(amqp.Publishing{MessageId: "fine", Body: []byte(`{}`)})
-
 		dead, err := ch.Consume(inbox.QueueDead, "", true, false, false, false, nil)
 		require.NoError(t, err)
 		reasons := map[string]string{}
@@ -179,13 +158,13 @@ func TestConsumer(t *testing.T) {
 		require.NoError(t, err)
 		stop := b.start(t, inbox.ConsumerConfig{BatchSize: 10, Prefetch: 50})
 		require.NoError(t, loadgen.Publish(t.Context(), b.broker.URL, messages("m", 50), 50))
-		require.Eventually(t, func() bool { return b.readyMessages(t, inbox.QueueInbox) == 0 }, 10*time.Second, 20*time.Millisecond,
+		require.Eventually(t, func() bool { return b.broker.ReadyMessages(t, inbox.QueueInbox) == 0 }, 10*time.Second, 20*time.Millisecond,
 			"the consumer took the deliveries")
 		time.Sleep(200 * time.Millisecond) // let it fail and retry a few times
 		stop()
 		// The broker requeues a closed channel's unacknowledged deliveries
 		// asynchronously.
-		require.Eventually(t, func() bool { return b.readyMessages(t, inbox.QueueInbox) == 50 }, 10*time.Second, 20*time.Millisecond,
+		require.Eventually(t, func() bool { return b.broker.ReadyMessages(t, inbox.QueueInbox) == 50 }, 10*time.Second, 20*time.Millisecond,
 			"nothing was acknowledged")
 
 		_, err = b.db.Pool.Exec(t.Context(), "ALTER TABLE inbox_away RENAME TO inbox")
@@ -193,7 +172,7 @@ func TestConsumer(t *testing.T) {
 		stop = b.start(t, inbox.ConsumerConfig{})
 		require.Eventually(t, func() bool { return b.inboxCount(t) == 50 }, 20*time.Second, 20*time.Millisecond)
 		stop()
-		require.Zero(t, b.readyMessages(t, inbox.QueueInbox))
+		require.Zero(t, b.broker.ReadyMessages(t, inbox.QueueInbox))
 	})
 
 	t.Run("ReconnectsWhenTheBrokerClosesTheConnection", func(t *testing.T) {

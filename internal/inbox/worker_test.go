@@ -104,19 +104,15 @@ func (b *workerBundle) newWorker(t *testing.T, pool *pgxpool.Pool, cfg inbox.Wor
 	return w
 }
 
-// insertMessages stores messages m-0 … m-(n-1) directly, as ingest would.
+// insertMessages stores messages m-0 … m-(n-1) directly, as ingest would,
+// each of an order of its own.
 func insertMessages(t *testing.T, pool *pgxpool.Pool, n int) {
 	t.Helper()
-	p := dbsqlc.InboxInsertManyParams{}
+	var idsAndKeys []string
 	for i := range n {
-		p.MessageIds = append(p.MessageIds, fmt.Sprintf("m-%d", i))
-		p.MessageTypes = append(p.MessageTypes, "test")
-		p.RoutingKeys = append(p.RoutingKeys, "test")
-		p.Payloads = append(p.Payloads, []byte(`{}`))
+		idsAndKeys = append(idsAndKeys, fmt.Sprintf("m-%d", i), "")
 	}
-	ids, err := dbsqlc.New().InboxInsertMany(t.Context(), pool, p)
-	require.NoError(t, err)
-	require.Len(t, ids, n)
+	insertOrdered(t, pool, idsAndKeys...)
 }
 
 type inboxRow struct {
@@ -436,8 +432,9 @@ func insertOrdered(t *testing.T, pool *pgxpool.Pool, idsAndKeys ...string) {
 		p.RoutingKeys = append(p.RoutingKeys, "test")
 		p.Payloads = append(p.Payloads, []byte(`{}`))
 	}
-	_, err := dbsqlc.New().InboxInsertMany(t.Context(), pool, p)
+	ids, err := dbsqlc.New().InboxInsertMany(t.Context(), pool, p)
 	require.NoError(t, err)
+	require.Len(t, ids, len(p.MessageIds))
 }
 
 // orderRecorder records the order in which messages were handled.

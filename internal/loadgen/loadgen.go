@@ -17,11 +17,14 @@ import (
 	"github.com/orderconfirm/inboxd/internal/orders"
 )
 
-// Message is one message to publish.
+// Message is one message to publish. An empty MessageID publishes the
+// message without one.
 type Message struct {
 	MessageID  string
 	RoutingKey string
-	Body       []byte
+	// Type is the AMQP type property; empty leaves it unset.
+	Type string
+	Body []byte
 }
 
 // Spec describes a workload.
@@ -143,15 +146,11 @@ func OrderCreatedBody(orderID string, n int) []byte {
 // messages, and returns once the broker has confirmed every one. It keeps up
 // to window publishes unconfirmed at a time.
 func Publish(ctx context.Context, amqpURL string, msgs []Message, window int) error {
-	conn, err := amqp.Dial(amqpURL)
-	if err != nil {
-		return fmt.Errorf("connect: %w", err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
+	conn, ch, err := dial(amqpURL)
 	if err != nil {
 		return err
 	}
+	defer conn.Close()
 	if err := ch.ExchangeDeclare(inbox.ExchangeOrders, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
 		return err
 	}
@@ -178,6 +177,7 @@ func Publish(ctx context.Context, amqpURL string, msgs []Message, window int) er
 			ContentType:  "application/json",
 			DeliveryMode: amqp.Persistent,
 			MessageId:    m.MessageID,
+			Type:         m.Type,
 			Body:         m.Body,
 		})
 		if err != nil {
@@ -210,14 +210,25 @@ func PublishParallel(ctx context.Context, amqpURL string, msgs []Message, n, win
 // DeclareTopology declares the service's exchanges and queues, so that
 // messages published before the service first connects are not unroutable.
 func DeclareTopology(amqpURL, queueType string) error {
-	conn, err := amqp.Dial(amqpURL)
-	if err != nil {
-		return fmt.Errorf("connect: %w", err)
-	}
-	defer conn.Close()
-	ch, err := conn.Channel()
+	conn, ch, err := dial(amqpURL)
 	if err != nil {
 		return err
 	}
+	defer conn.Close()
 	return inbox.DeclareTopology(ch, queueType)
+}
+
+// dial opens a connection and a channel on it; closing the connection
+// closes both.
+func dial(amqpURL string) (*amqp.Connection, *amqp.Channel, error) {
+	conn, err := amqp.Dial(amqpURL)
+	if err != nil {
+		return nil, nil, fmt.Errorf("connect: %w", err)
+	}
+	ch, err := conn.Channel()
+	if err != nil {
+		_ = conn.Close()
+		return nil, nil, fmt.Errorf("open channel: %w", err)
+	}
+	return conn, ch, nil
 }

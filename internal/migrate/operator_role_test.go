@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"net/url"
-	"os"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -15,11 +14,7 @@ import (
 	"github.com/orderconfirm/inboxd/internal/testenv"
 )
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	testenv.Stop()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testenv.Main(m) }
 
 // The operator role reads everything and can replay, and can change
 // nothing else.

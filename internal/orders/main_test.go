@@ -1,14 +1,9 @@
 package orders_test
 
 import (
-	"os"
 	"testing"
 
 	"github.com/orderconfirm/inboxd/internal/testenv"
 )
 
-func TestMain(m *testing.M) {
-	code := m.Run()
-	testenv.Stop()
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { testenv.Main(m) }

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/orderconfirm/inboxd/internal/rabbitadmin"
@@ -39,6 +40,21 @@ func NewBroker(tb testing.TB) *Broker {
 	u.Path = "/" + vhost
 	u.RawPath = "/" + url.PathEscape(vhost)
 	return &Broker{Vhost: vhost, URL: u.String(), admin: s.admin, closed: map[string]bool{}}
+}
+
+// ReadyMessages returns the exact number of messages in a queue of the
+// virtual host that are ready for delivery (not held unacknowledged by a
+// consumer).
+func (b *Broker) ReadyMessages(tb testing.TB, queue string) int {
+	tb.Helper()
+	conn, err := amqp.Dial(b.URL)
+	require.NoError(tb, err)
+	defer conn.Close()
+	ch, err := conn.Channel()
+	require.NoError(tb, err)
+	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+	require.NoError(tb, err)
+	return q.Messages
 }
 
 // CloseConnections closes, from the broker's side, every client connection

@@ -138,6 +138,14 @@ func startServers(ctx context.Context) (*serverSet, error) {
 	return s, nil
 }
 
+// Main runs a package's tests, then Stop, and exits: a TestMain that needs
+// nothing else is `func TestMain(m *testing.M) { testenv.Main(m) }`.
+func Main(m *testing.M) {
+	code := m.Run()
+	Stop()
+	os.Exit(code)
+}
+
 // Stop terminates the containers this package started, if any. TestMain
 // functions call it after m.Run; Ryuk removes them anyway if the process
 // dies first.
