@@ -6,7 +6,10 @@ WORKDIR /src
 COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
-RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/inboxd ./cmd/inboxd
+# VERSION names the build in the attempt history and in inboxd_build_info,
+# e.g. docker build --build-arg VERSION=$(git describe --always --dirty) .
+ARG VERSION=""
+RUN CGO_ENABLED=0 go build -trimpath -ldflags="-s -w -X main.version=${VERSION}" -o /out/inboxd ./cmd/inboxd
 
 # Run: no shell, no package manager, not root.
 FROM gcr.io/distroless/static-debian12:nonroot

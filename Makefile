@@ -12,6 +12,8 @@ GO          ?= go
 DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable
 AMQP_URL     ?= amqp://guest:guest@127.0.0.1:5672/
 BENCH_FLAGS  ?=
+# The build's name in the attempt history and inboxd_build_info.
+VERSION      ?= $(shell git describe --always --dirty 2>/dev/null)
 
 .DEFAULT_GOAL := help
 
@@ -68,7 +70,7 @@ fuzz: ## Fuzz message decoding for a minute
 
 .PHONY: build
 build: ## Build bin/inboxd and bin/inboxbench
-	$(GO) build -o $(BIN)/inboxd ./cmd/inboxd
+	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN)/inboxd ./cmd/inboxd
 	$(GO) build -o $(BIN)/inboxbench ./cmd/inboxbench
 
 .PHONY: bench

@@ -25,7 +25,9 @@ RETURNING message_id;
 -- orders proceed in parallel.
 UPDATE inbox
 SET attempts = inbox.attempts + 1,
-    claimed_at = now()
+    claimed_at = now(),
+    claimed_by = sqlc.arg(process)::text,
+    claimed_build = sqlc.arg(build)::text
 WHERE inbox.id IN (
     SELECT i.id
     FROM inbox i
@@ -47,14 +49,12 @@ RETURNING inbox.id;
 -- name: InboxClaimUnfinished :many
 -- InboxClaimUnfinished claims the oldest message whose last claim never
 -- recorded an outcome (the process died, or lost its transaction, while
--- handling it) and counts an attempt for it. A claim younger than
--- lease_seconds is left alone, as its worker may be about to lock the row;
--- a row that a worker has locked is skipped.
-UPDATE inbox
-SET attempts = inbox.attempts + 1,
-    claimed_at = now()
-WHERE inbox.id IN (
-    SELECT id
+-- handling it), counts an attempt for it, and writes the lost attempt to
+-- inbox_attempts as abandoned. A claim younger than lease_seconds is left
+-- alone, as its worker may be about to lock the row; a row that a worker
+-- has locked is skipped.
+WITH target AS (
+    SELECT id, message_id, attempts, replay_count, claimed_at, claimed_by, claimed_build
     FROM inbox
     WHERE status = 'pending'
       AND next_attempt_at <= now()
@@ -62,8 +62,24 @@ WHERE inbox.id IN (
     ORDER BY id
     LIMIT 1
     FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE inbox
+    SET attempts = inbox.attempts + 1,
+        claimed_at = now(),
+        claimed_by = sqlc.arg(process)::text,
+        claimed_build = sqlc.arg(build)::text
+    FROM target
+    WHERE inbox.id = target.id
+    RETURNING inbox.id
+), abandoned AS (
+    INSERT INTO inbox_attempts (inbox_id, run, attempt, message_id, outcome, error, process, build, started_at)
+    SELECT id, replay_count, attempts, message_id, 'abandoned',
+           'the attempt never finished: its process died, or lost its database connection',
+           coalesce(claimed_by, 'unknown'), coalesce(claimed_build, 'unknown'), claimed_at
+    FROM target
+    ON CONFLICT DO NOTHING
 )
-RETURNING inbox.id;
+SELECT id FROM claimed;
 
 -- name: InboxLockClaimed :many
 -- InboxLockClaimed locks claimed messages for the rest of the calling
@@ -73,7 +89,8 @@ RETURNING inbox.id;
 -- lease ran out holds one only until it records the outcome, after which the
 -- row is no longer pending. Locks are taken in id order, so two workers
 -- never deadlock.
-SELECT id, message_id, message_type, payload, attempts, received_at, replay_requested
+SELECT id, message_id, message_type, payload, attempts, received_at, replay_requested,
+       replay_count, claimed_at
 FROM inbox
 WHERE id = ANY(@ids::bigint[])
   AND status = 'pending'
@@ -83,22 +100,68 @@ FOR UPDATE;
 -- name: InboxCompleteMany :exec
 -- InboxCompleteMany records the outcome of one handling attempt for each
 -- locked message: status processed, dead, or pending again with a retry
--- delay. It ends the claim.
-UPDATE inbox
-SET status           = u.status,
-    claimed_at       = NULL,
-    replay_requested = false,
-    result          = nullif(u.result, ''),
-    last_error      = nullif(u.last_error, ''),
-    processed_at    = CASE WHEN u.status = 'pending' THEN NULL ELSE now() END,
-    next_attempt_at = CASE WHEN u.status = 'pending'
-                           THEN now() + u.retry_delay_ms * interval '1 millisecond'
-                           ELSE inbox.next_attempt_at END
-FROM (
-    SELECT unnest(@ids::bigint[])            AS id,
-           unnest(@statuses::text[])         AS status,
-           unnest(@results::text[])          AS result,
-           unnest(@last_errors::text[])      AS last_error,
+-- delay. It ends the claim and writes the attempt to inbox_attempts.
+WITH u AS (
+    SELECT unnest(@ids::bigint[])             AS id,
+           unnest(@statuses::text[])          AS status,
+           unnest(@results::text[])           AS result,
+           unnest(@last_errors::text[])       AS last_error,
            unnest(@retry_delays_ms::bigint[]) AS retry_delay_ms
-) AS u
-WHERE inbox.id = u.id;
+), done AS (
+    UPDATE inbox
+    SET status           = u.status,
+        claimed_at       = NULL,
+        claimed_by       = NULL,
+        claimed_build    = NULL,
+        replay_requested = false,
+        result          = nullif(u.result, ''),
+        last_error      = nullif(u.last_error, ''),
+        processed_at    = CASE WHEN u.status = 'pending' THEN NULL ELSE now() END,
+        next_attempt_at = CASE WHEN u.status = 'pending'
+                               THEN now() + u.retry_delay_ms * interval '1 millisecond'
+                               ELSE inbox.next_attempt_at END
+    FROM u
+    WHERE inbox.id = u.id
+    RETURNING inbox.id, inbox.replay_count, inbox.attempts, inbox.message_id
+)
+INSERT INTO inbox_attempts (inbox_id, run, attempt, message_id, outcome, error, result, process, build, started_at)
+SELECT done.id, done.replay_count, done.attempts, done.message_id,
+       CASE u.status WHEN 'pending' THEN 'retry' ELSE u.status END,
+       nullif(u.last_error, ''), nullif(u.result, ''),
+       sqlc.arg(process)::text, sqlc.arg(build)::text, started.claimed_at
+FROM done
+JOIN u ON u.id = done.id
+-- The rows as they were before this statement: when the attempt began.
+JOIN inbox AS started ON started.id = done.id
+ON CONFLICT DO NOTHING;
+
+-- name: InboxRecordConflicts :many
+-- InboxRecordConflicts looks at deliveries whose message_id was already in
+-- the inbox and records, in inbox_conflicts, each whose payload differs from
+-- the stored one. It returns one row per message id and conflicting payload,
+-- with the number of such deliveries in this call. Ingest runs it only for
+-- the duplicates of a batch.
+WITH d AS (
+    SELECT unnest(@message_ids::text[])   AS message_id,
+           unnest(@message_types::text[]) AS message_type,
+           unnest(@payloads::bytea[])     AS payload
+), c AS (
+    SELECT d.message_id,
+           min(d.message_type)                AS message_type,
+           encode(sha256(i.payload), 'hex')   AS stored_sha256,
+           encode(sha256(d.payload), 'hex')   AS conflicting_sha256,
+           (array_agg(d.payload))[1]          AS conflicting_payload,
+           count(*)::integer                  AS deliveries
+    FROM d
+    JOIN inbox i ON i.message_id = d.message_id
+    WHERE i.payload <> d.payload
+    GROUP BY d.message_id, i.payload, d.payload
+), recorded AS (
+    INSERT INTO inbox_conflicts (message_id, message_type, stored_sha256, conflicting_sha256, conflicting_payload, deliveries)
+    SELECT message_id, message_type, stored_sha256, conflicting_sha256, conflicting_payload, deliveries
+    FROM c
+    ON CONFLICT (message_id, conflicting_sha256) DO UPDATE
+    SET deliveries   = inbox_conflicts.deliveries + excluded.deliveries,
+        last_seen_at = now()
+)
+SELECT message_id::text AS message_id, stored_sha256, conflicting_sha256, deliveries FROM c;

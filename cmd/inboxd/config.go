@@ -52,6 +52,12 @@ type config struct {
 	idleInTxTimeout  time.Duration
 	dbConnectTimeout time.Duration
 
+	retention       time.Duration
+	deadRetention   time.Duration
+	dedupeWindow    time.Duration
+	janitorInterval time.Duration
+	janitorBatch    int
+
 	shutdownTimeout time.Duration
 }
 
@@ -62,7 +68,10 @@ type setting struct {
 	def    string
 	doc    string
 	secret bool // the value may hold a password: never print it
-	apply  func(v string) error
+	// serveOnly settings are required by serve only (migrate does not
+	// talk to RabbitMQ).
+	serveOnly bool
+	apply     func(v string) error
 }
 
 // settings lists every environment variable inboxd reads. The README's
@@ -70,7 +79,7 @@ type setting struct {
 func (c *config) settings() []setting {
 	return []setting{
 		{name: "DATABASE_URL", doc: "PostgreSQL connection URL or DSN; a search_path parameter selects the schema", secret: true, apply: c.parseDatabaseURL},
-		{name: "AMQP_URL", doc: "RabbitMQ URL, amqp:// or amqps://", secret: true, apply: c.parseAMQPURL},
+		{name: "AMQP_URL", doc: "RabbitMQ URL, amqp:// or amqps:// (serve only)", secret: true, serveOnly: true, apply: c.parseAMQPURL},
 		{name: "HTTP_ADDR", def: "127.0.0.1:8080", doc: "address of /healthz, /readyz and /metrics", apply: c.parseHTTPAddr},
 		{name: "INBOX_PPROF", def: "false", doc: "serve Go's profiler on HTTP_ADDR under /debug/pprof/", apply: boolVar(&c.pprof)},
 		{name: "INBOX_LOG_LEVEL", def: "info", doc: "debug, info, warn or error", apply: c.parseLogLevel},
@@ -98,18 +107,27 @@ func (c *config) settings() []setting {
 		{name: "INBOX_STATEMENT_TIMEOUT", def: "30s", doc: "PostgreSQL statement_timeout of every connection", apply: durationVar(&c.statementTimeout, time.Millisecond)},
 		{name: "INBOX_IDLE_IN_TX_TIMEOUT", def: "60s", doc: "PostgreSQL idle_in_transaction_session_timeout of every connection", apply: durationVar(&c.idleInTxTimeout, time.Millisecond)},
 		{name: "INBOX_DB_CONNECT_TIMEOUT", def: "5s", doc: "bound on opening one PostgreSQL connection", apply: durationVar(&c.dbConnectTimeout, time.Millisecond)},
+		{name: "INBOX_RETENTION", def: "168h", doc: "how long processed messages, their attempt history, published outbox rows and conflict records are kept", apply: durationVar(&c.retention, time.Second)},
+		{name: "INBOX_DEAD_RETENTION", def: "720h", doc: "how long dead messages are kept unless replayed; at least INBOX_RETENTION", apply: durationVar(&c.deadRetention, time.Second)},
+		{name: "INBOX_DEDUPE_WINDOW", def: "84h", doc: "the longest time after which a message may be delivered again; a retention shorter than it is refused", apply: durationVar(&c.dedupeWindow, time.Second)},
+		{name: "INBOX_JANITOR_INTERVAL", def: "1m", doc: "time between two cleanups of rows past their retention; 0 turns the janitor off in this process", apply: durationVar(&c.janitorInterval, 0)},
+		{name: "INBOX_JANITOR_BATCH_SIZE", def: "1000", doc: "most rows deleted per cleanup statement", apply: intVar(&c.janitorBatch, 1, 100000)},
 		{name: "INBOX_SHUTDOWN_TIMEOUT", def: "20s", doc: "grace period to finish in-flight work after SIGTERM", apply: durationVar(&c.shutdownTimeout, time.Millisecond)},
 	}
 }
 
-// loadConfig reads the configuration through getenv. The error names the
-// first bad setting and never holds a secret value.
-func loadConfig(getenv func(string) string) (*config, error) {
+// loadConfig reads the configuration of command (serve or migrate) through
+// getenv. The error names the first bad setting and never holds a secret
+// value.
+func loadConfig(getenv func(string) string, command string) (*config, error) {
 	c := &config{}
 	for _, s := range c.settings() {
 		v := strings.TrimSpace(getenv(s.name))
 		if v == "" {
 			v = s.def
+		}
+		if v == "" && s.serveOnly && command != "serve" {
+			continue
 		}
 		if v == "" {
 			return nil, fmt.Errorf("%s is required: %s", s.name, s.doc)
@@ -123,6 +141,14 @@ func loadConfig(getenv func(string) string) (*config, error) {
 	}
 	if c.retryMax < c.retryBase {
 		return nil, fmt.Errorf("INBOX_RETRY_MAX is invalid: %s is shorter than INBOX_RETRY_BASE (%s)", c.retryMax, c.retryBase)
+	}
+	// A message id forgotten before its last redelivery would let that
+	// redelivery in as a new message.
+	if c.retention < c.dedupeWindow {
+		return nil, fmt.Errorf("INBOX_RETENTION is invalid: %s is shorter than INBOX_DEDUPE_WINDOW (%s), so a redelivered message could be handled twice", c.retention, c.dedupeWindow)
+	}
+	if c.deadRetention < c.retention {
+		return nil, fmt.Errorf("INBOX_DEAD_RETENTION is invalid: %s is shorter than INBOX_RETENTION (%s)", c.deadRetention, c.retention)
 	}
 	c.dbConfig.ConnConfig.ConnectTimeout = c.dbConnectTimeout
 	rp := c.dbConfig.ConnConfig.RuntimeParams

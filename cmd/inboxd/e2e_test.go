@@ -335,19 +335,21 @@ func TestMain_ConfigurationErrors(t *testing.T) {
 		override map[string]string
 		want     string
 	}{
-		"MissingDatabaseURL":  {map[string]string{"DATABASE_URL": ""}, "DATABASE_URL is required"},
-		"BadDatabaseURL":      {map[string]string{"DATABASE_URL": "postgres://inbox:s3cr3t-pw@[::1"}, "DATABASE_URL is invalid"},
-		"BadAMQPURL":          {map[string]string{"AMQP_URL": "http://guest:an0ther-pw@host/"}, "AMQP_URL is invalid"},
-		"BadWorkers":          {map[string]string{"INBOX_WORKERS": "zero"}, `INBOX_WORKERS is invalid: "zero": not an integer`},
-		"WorkersOutOfRange":   {map[string]string{"INBOX_WORKERS": "0"}, "INBOX_WORKERS is invalid"},
-		"BadDuration":         {map[string]string{"INBOX_INGEST_LINGER": "5"}, "INBOX_INGEST_LINGER is invalid"},
-		"BadQueueType":        {map[string]string{"INBOX_QUEUE_TYPE": "stream"}, "must be one of quorum, classic"},
-		"RetryMaxBelowBase":   {map[string]string{"INBOX_RETRY_BASE": "10s", "INBOX_RETRY_MAX": "1s"}, "INBOX_RETRY_MAX is invalid"},
-		"BadHTTPAddr":         {map[string]string{"HTTP_ADDR": "8080"}, "HTTP_ADDR is invalid"},
-		"BadMigrateFlag":      {map[string]string{"INBOX_MIGRATE": "maybe"}, "INBOX_MIGRATE is invalid"},
-		"BadMaxMessageBytes":  {map[string]string{"INBOX_MAX_MESSAGE_BYTES": "-1"}, "INBOX_MAX_MESSAGE_BYTES is invalid"},
-		"BadLogLevel":         {map[string]string{"INBOX_LOG_LEVEL": "loud"}, "INBOX_LOG_LEVEL is invalid"},
-		"BadDeriveMessageIDs": {map[string]string{"INBOX_DERIVE_MISSING_MESSAGE_ID": "yes please"}, "INBOX_DERIVE_MISSING_MESSAGE_ID is invalid"},
+		"MissingDatabaseURL":          {map[string]string{"DATABASE_URL": ""}, "DATABASE_URL is required"},
+		"BadDatabaseURL":              {map[string]string{"DATABASE_URL": "postgres://inbox:s3cr3t-pw@[::1"}, "DATABASE_URL is invalid"},
+		"BadAMQPURL":                  {map[string]string{"AMQP_URL": "http://guest:an0ther-pw@host/"}, "AMQP_URL is invalid"},
+		"BadWorkers":                  {map[string]string{"INBOX_WORKERS": "zero"}, `INBOX_WORKERS is invalid: "zero": not an integer`},
+		"WorkersOutOfRange":           {map[string]string{"INBOX_WORKERS": "0"}, "INBOX_WORKERS is invalid"},
+		"BadDuration":                 {map[string]string{"INBOX_INGEST_LINGER": "5"}, "INBOX_INGEST_LINGER is invalid"},
+		"BadQueueType":                {map[string]string{"INBOX_QUEUE_TYPE": "stream"}, "must be one of quorum, classic"},
+		"RetryMaxBelowBase":           {map[string]string{"INBOX_RETRY_BASE": "10s", "INBOX_RETRY_MAX": "1s"}, "INBOX_RETRY_MAX is invalid"},
+		"BadHTTPAddr":                 {map[string]string{"HTTP_ADDR": "8080"}, "HTTP_ADDR is invalid"},
+		"BadMigrateFlag":              {map[string]string{"INBOX_MIGRATE": "maybe"}, "INBOX_MIGRATE is invalid"},
+		"BadMaxMessageBytes":          {map[string]string{"INBOX_MAX_MESSAGE_BYTES": "-1"}, "INBOX_MAX_MESSAGE_BYTES is invalid"},
+		"BadLogLevel":                 {map[string]string{"INBOX_LOG_LEVEL": "loud"}, "INBOX_LOG_LEVEL is invalid"},
+		"BadDeriveMessageIDs":         {map[string]string{"INBOX_DERIVE_MISSING_MESSAGE_ID": "yes please"}, "INBOX_DERIVE_MISSING_MESSAGE_ID is invalid"},
+		"RetentionBelowDedupe":        {map[string]string{"INBOX_RETENTION": "24h"}, "INBOX_RETENTION is invalid: 24h0m0s is shorter than INBOX_DEDUPE_WINDOW (84h0m0s)"},
+		"DeadRetentionBelowRetention": {map[string]string{"INBOX_DEAD_RETENTION": "100h"}, "INBOX_DEAD_RETENTION is invalid"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()

@@ -45,7 +45,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return errUsage
 	}
 
-	cfg, err := loadConfig(getenv)
+	cfg, err := loadConfig(getenv, args[0])
 	if err != nil {
 		return fmt.Errorf("configuration: %w", err)
 	}

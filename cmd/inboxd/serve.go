@@ -7,13 +7,13 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/orderconfirm/inboxd/internal/inbox"
+	"github.com/orderconfirm/inboxd/internal/janitor"
 	"github.com/orderconfirm/inboxd/internal/metrics"
 	"github.com/orderconfirm/inboxd/internal/migrate"
 	"github.com/orderconfirm/inboxd/internal/orders"
@@ -55,7 +55,7 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
 		return err
 	}
 	defer workerPool.Close()
-	relayPool, err := newPool(ctx, cfg, "relay", 3)
+	relayPool, err := newPool(ctx, cfg, "relay", 4)
 	if err != nil {
 		return err
 	}
@@ -63,7 +63,8 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
 
 	// Scrapes read the database through the relay's pool: it is small, busy
 	// only in bursts, and not on the path of ingest or the workers.
-	m := metrics.New(relayPool, logger, 2*time.Second)
+	build, process := buildName(), inbox.DefaultProcessName()
+	m := metrics.New(relayPool, logger, 2*time.Second, build)
 
 	worker, err := inbox.NewWorker(workerPool, &inbox.WorkerConfig{
 		Handler:        wrapHandler(orders.NewHandler(logger)),
@@ -76,16 +77,17 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
 		RetryBase:      cfg.retryBase,
 		RetryMax:       cfg.retryMax,
 		ClaimLease:     cfg.claimLease,
+		Process:        process,
+		Build:          build,
 		Observe:        m.ObserveBatch,
 	})
 	if err != nil {
 		return err
 	}
-	hostname, _ := os.Hostname()
 	consumer, err := inbox.NewConsumer(ingestPool, &inbox.ConsumerConfig{
 		URL:                    cfg.amqpURL,
 		Logger:                 logger,
-		ConnectionName:         fmt.Sprintf("inboxd ingest %s/%d", hostname, os.Getpid()),
+		ConnectionName:         "inboxd ingest " + process,
 		QueueType:              cfg.queueType,
 		Channels:               cfg.ingestChannels,
 		BatchSize:              cfg.ingestBatchSize,
@@ -105,7 +107,7 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
 	relay, err := outbox.NewRelay(relayPool, &outbox.RelayConfig{
 		URL:            cfg.amqpURL,
 		Logger:         logger,
-		ConnectionName: fmt.Sprintf("inboxd relay %s/%d", hostname, os.Getpid()),
+		ConnectionName: "inboxd relay " + process,
 		QueueType:      cfg.queueType,
 		BatchSize:      cfg.relayBatchSize,
 		PollInterval:   cfg.pollInterval,
@@ -117,6 +119,22 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
 	})
 	if err != nil {
 		return err
+	}
+	// The janitor deletes through the relay's pool too: one short
+	// statement at a time, off the path of ingest and the workers.
+	var janitorService *janitor.Janitor
+	if cfg.janitorInterval > 0 {
+		janitorService, err = janitor.New(relayPool, &janitor.Config{
+			Logger:        logger,
+			Retention:     cfg.retention,
+			DeadRetention: cfg.deadRetention,
+			Interval:      cfg.janitorInterval,
+			BatchSize:     cfg.janitorBatch,
+			Observe:       m.ObserveJanitor,
+		})
+		if err != nil {
+			return err
+		}
 	}
 	listenConfig := cfg.dbConfig.ConnConfig.Copy()
 	listenConfig.RuntimeParams["application_name"] += " listener"
@@ -149,7 +167,13 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
 	if err := relay.Start(ctx); err != nil {
 		return err
 	}
+	if janitorService != nil {
+		if err := janitorService.Start(ctx); err != nil {
+			return err
+		}
+	}
 	logger.Info("inboxd serving", slog.String("http_addr", ln.Addr().String()),
+		slog.String("build", build), slog.String("process", process),
 		slog.Int("workers", cfg.workers), slog.Int("ingest_channels", cfg.ingestChannels))
 
 	<-ctx.Done()
@@ -164,6 +188,9 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
 	stopping.Go(func() { consumer.Stop(stopCtx) })
 	stopping.Go(func() { worker.Stop(stopCtx) })
 	stopping.Go(func() { relay.Stop(stopCtx) })
+	if janitorService != nil {
+		stopping.Go(func() { janitorService.Stop(stopCtx) })
+	}
 	stopping.Wait()
 	stopListener()
 	_ = httpServer.Shutdown(stopCtx)

@@ -13,7 +13,9 @@ import (
 const inboxClaimBatch = `-- name: InboxClaimBatch :many
 UPDATE inbox
 SET attempts = inbox.attempts + 1,
-    claimed_at = now()
+    claimed_at = now(),
+    claimed_by = $1::text,
+    claimed_build = $2::text
 WHERE inbox.id IN (
     SELECT i.id
     FROM inbox i
@@ -27,11 +29,17 @@ WHERE inbox.id IN (
             AND e.status <> 'processed'
       ))
     ORDER BY i.id
-    LIMIT $1
+    LIMIT $3
     FOR UPDATE SKIP LOCKED
 )
 RETURNING inbox.id
 `
+
+type InboxClaimBatchParams struct {
+	Process string
+	Build   string
+	MaxRows int32
+}
 
 // InboxClaimBatch claims up to max_rows due pending messages that no worker
 // has claimed, oldest first, and counts an attempt for each. It runs on its
@@ -43,8 +51,8 @@ RETURNING inbox.id
 // still open (pending, claimed, waiting for a retry, or dead): the messages
 // of one order are handled one at a time, in arrival order, while different
 // orders proceed in parallel.
-func (q *Queries) InboxClaimBatch(ctx context.Context, db DBTX, maxRows int32) ([]int64, error) {
-	rows, err := db.Query(ctx, inboxClaimBatch, maxRows)
+func (q *Queries) InboxClaimBatch(ctx context.Context, db DBTX, arg InboxClaimBatchParams) ([]int64, error) {
+	rows, err := db.Query(ctx, inboxClaimBatch, arg.Process, arg.Build, arg.MaxRows)
 	if err != nil {
 		return nil, err
 	}
@@ -64,11 +72,8 @@ func (q *Queries) InboxClaimBatch(ctx context.Context, db DBTX, maxRows int32) (
 }
 
 const inboxClaimUnfinished = `-- name: InboxClaimUnfinished :many
-UPDATE inbox
-SET attempts = inbox.attempts + 1,
-    claimed_at = now()
-WHERE inbox.id IN (
-    SELECT id
+WITH target AS (
+    SELECT id, message_id, attempts, replay_count, claimed_at, claimed_by, claimed_build
     FROM inbox
     WHERE status = 'pending'
       AND next_attempt_at <= now()
@@ -76,17 +81,40 @@ WHERE inbox.id IN (
     ORDER BY id
     LIMIT 1
     FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE inbox
+    SET attempts = inbox.attempts + 1,
+        claimed_at = now(),
+        claimed_by = $2::text,
+        claimed_build = $3::text
+    FROM target
+    WHERE inbox.id = target.id
+    RETURNING inbox.id
+), abandoned AS (
+    INSERT INTO inbox_attempts (inbox_id, run, attempt, message_id, outcome, error, process, build, started_at)
+    SELECT id, replay_count, attempts, message_id, 'abandoned',
+           'the attempt never finished: its process died, or lost its database connection',
+           coalesce(claimed_by, 'unknown'), coalesce(claimed_build, 'unknown'), claimed_at
+    FROM target
+    ON CONFLICT DO NOTHING
 )
-RETURNING inbox.id
+SELECT id FROM claimed
 `
+
+type InboxClaimUnfinishedParams struct {
+	LeaseSeconds float64
+	Process      string
+	Build        string
+}
 
 // InboxClaimUnfinished claims the oldest message whose last claim never
 // recorded an outcome (the process died, or lost its transaction, while
-// handling it) and counts an attempt for it. A claim younger than
-// lease_seconds is left alone, as its worker may be about to lock the row;
-// a row that a worker has locked is skipped.
-func (q *Queries) InboxClaimUnfinished(ctx context.Context, db DBTX, leaseSeconds float64) ([]int64, error) {
-	rows, err := db.Query(ctx, inboxClaimUnfinished, leaseSeconds)
+// handling it), counts an attempt for it, and writes the lost attempt to
+// inbox_attempts as abandoned. A claim younger than lease_seconds is left
+// alone, as its worker may be about to lock the row; a row that a worker
+// has locked is skipped.
+func (q *Queries) InboxClaimUnfinished(ctx context.Context, db DBTX, arg InboxClaimUnfinishedParams) ([]int64, error) {
+	rows, err := db.Query(ctx, inboxClaimUnfinished, arg.LeaseSeconds, arg.Process, arg.Build)
 	if err != nil {
 		return nil, err
 	}
@@ -106,27 +134,43 @@ func (q *Queries) InboxClaimUnfinished(ctx context.Context, db DBTX, leaseSecond
 }
 
 const inboxCompleteMany = `-- name: InboxCompleteMany :exec
-UPDATE inbox
-SET status           = u.status,
-    claimed_at       = NULL,
-    replay_requested = false,
-    result          = nullif(u.result, ''),
-    last_error      = nullif(u.last_error, ''),
-    processed_at    = CASE WHEN u.status = 'pending' THEN NULL ELSE now() END,
-    next_attempt_at = CASE WHEN u.status = 'pending'
-                           THEN now() + u.retry_delay_ms * interval '1 millisecond'
-                           ELSE inbox.next_attempt_at END
-FROM (
-    SELECT unnest($1::bigint[])            AS id,
-           unnest($2::text[])         AS status,
-           unnest($3::text[])          AS result,
-           unnest($4::text[])      AS last_error,
-           unnest($5::bigint[]) AS retry_delay_ms
-) AS u
-WHERE inbox.id = u.id
+WITH u AS (
+    SELECT unnest($3::bigint[])             AS id,
+           unnest($4::text[])          AS status,
+           unnest($5::text[])           AS result,
+           unnest($6::text[])       AS last_error,
+           unnest($7::bigint[]) AS retry_delay_ms
+), done AS (
+    UPDATE inbox
+    SET status           = u.status,
+        claimed_at       = NULL,
+        claimed_by       = NULL,
+        claimed_build    = NULL,
+        replay_requested = false,
+        result          = nullif(u.result, ''),
+        last_error      = nullif(u.last_error, ''),
+        processed_at    = CASE WHEN u.status = 'pending' THEN NULL ELSE now() END,
+        next_attempt_at = CASE WHEN u.status = 'pending'
+                               THEN now() + u.retry_delay_ms * interval '1 millisecond'
+                               ELSE inbox.next_attempt_at END
+    FROM u
+    WHERE inbox.id = u.id
+    RETURNING inbox.id, inbox.replay_count, inbox.attempts, inbox.message_id
+)
+INSERT INTO inbox_attempts (inbox_id, run, attempt, message_id, outcome, error, result, process, build, started_at)
+SELECT done.id, done.replay_count, done.attempts, done.message_id,
+       CASE u.status WHEN 'pending' THEN 'retry' ELSE u.status END,
+       nullif(u.last_error, ''), nullif(u.result, ''),
+       $1::text, $2::text, started.claimed_at
+FROM done
+JOIN u ON u.id = done.id
+JOIN inbox AS started ON started.id = done.id
+ON CONFLICT DO NOTHING
 `
 
 type InboxCompleteManyParams struct {
+	Process       string
+	Build         string
 	Ids           []int64
 	Statuses      []string
 	Results       []string
@@ -136,9 +180,12 @@ type InboxCompleteManyParams struct {
 
 // InboxCompleteMany records the outcome of one handling attempt for each
 // locked message: status processed, dead, or pending again with a retry
-// delay. It ends the claim.
+// delay. It ends the claim and writes the attempt to inbox_attempts.
+// The rows as they were before this statement: when the attempt began.
 func (q *Queries) InboxCompleteMany(ctx context.Context, db DBTX, arg InboxCompleteManyParams) error {
 	_, err := db.Exec(ctx, inboxCompleteMany,
+		arg.Process,
+		arg.Build,
 		arg.Ids,
 		arg.Statuses,
 		arg.Results,
@@ -198,7 +245,8 @@ func (q *Queries) InboxInsertMany(ctx context.Context, db DBTX, arg InboxInsertM
 }
 
 const inboxLockClaimed = `-- name: InboxLockClaimed :many
-SELECT id, message_id, message_type, payload, attempts, received_at, replay_requested
+SELECT id, message_id, message_type, payload, attempts, received_at, replay_requested,
+       replay_count, claimed_at
 FROM inbox
 WHERE id = ANY($1::bigint[])
   AND status = 'pending'
@@ -214,6 +262,8 @@ type InboxLockClaimedRow struct {
 	Attempts        int32
 	ReceivedAt      time.Time
 	ReplayRequested bool
+	ReplayCount     int32
+	ClaimedAt       *time.Time
 }
 
 // InboxLockClaimed locks claimed messages for the rest of the calling
@@ -240,6 +290,78 @@ func (q *Queries) InboxLockClaimed(ctx context.Context, db DBTX, ids []int64) ([
 			&i.Attempts,
 			&i.ReceivedAt,
 			&i.ReplayRequested,
+			&i.ReplayCount,
+			&i.ClaimedAt,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const inboxRecordConflicts = `-- name: InboxRecordConflicts :many
+WITH d AS (
+    SELECT unnest($1::text[])   AS message_id,
+           unnest($2::text[]) AS message_type,
+           unnest($3::bytea[])     AS payload
+), c AS (
+    SELECT d.message_id,
+           min(d.message_type)                AS message_type,
+           encode(sha256(i.payload), 'hex')   AS stored_sha256,
+           encode(sha256(d.payload), 'hex')   AS conflicting_sha256,
+           (array_agg(d.payload))[1]          AS conflicting_payload,
+           count(*)::integer                  AS deliveries
+    FROM d
+    JOIN inbox i ON i.message_id = d.message_id
+    WHERE i.payload <> d.payload
+    GROUP BY d.message_id, i.payload, d.payload
+), recorded AS (
+    INSERT INTO inbox_conflicts (message_id, message_type, stored_sha256, conflicting_sha256, conflicting_payload, deliveries)
+    SELECT message_id, message_type, stored_sha256, conflicting_sha256, conflicting_payload, deliveries
+    FROM c
+    ON CONFLICT (message_id, conflicting_sha256) DO UPDATE
+    SET deliveries   = inbox_conflicts.deliveries + excluded.deliveries,
+        last_seen_at = now()
+)
+SELECT message_id::text AS message_id, stored_sha256, conflicting_sha256, deliveries FROM c
+`
+
+type InboxRecordConflictsParams struct {
+	MessageIds   []string
+	MessageTypes []string
+	Payloads     [][]byte
+}
+
+type InboxRecordConflictsRow struct {
+	MessageID         string
+	StoredSha256      string
+	ConflictingSha256 string
+	Deliveries        int32
+}
+
+// InboxRecordConflicts looks at deliveries whose message_id was already in
+// the inbox and records, in inbox_conflicts, each whose payload differs from
+// the stored one. It returns one row per message id and conflicting payload,
+// with the number of such deliveries in this call. Ingest runs it only for
+// the duplicates of a batch.
+func (q *Queries) InboxRecordConflicts(ctx context.Context, db DBTX, arg InboxRecordConflictsParams) ([]InboxRecordConflictsRow, error) {
+	rows, err := db.Query(ctx, inboxRecordConflicts, arg.MessageIds, arg.MessageTypes, arg.Payloads)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []InboxRecordConflictsRow
+	for rows.Next() {
+		var i InboxRecordConflictsRow
+		if err := rows.Scan(
+			&i.MessageID,
+			&i.StoredSha256,
+			&i.ConflictingSha256,
+			&i.Deliveries,
 		); err != nil {
 			return nil, err
 		}

@@ -30,6 +30,34 @@ type Inbox struct {
 	ReplayedAt      *time.Time
 	ReplayedBy      pgtype.Text
 	ReplayReason    pgtype.Text
+	ClaimedBy       pgtype.Text
+	ClaimedBuild    pgtype.Text
+}
+
+type InboxAttempt struct {
+	InboxID    int64
+	Run        int32
+	Attempt    int32
+	MessageID  string
+	Outcome    string
+	Error      pgtype.Text
+	Result     pgtype.Text
+	Process    string
+	Build      string
+	StartedAt  *time.Time
+	FinishedAt time.Time
+}
+
+type InboxConflict struct {
+	ID                 int64
+	MessageID          string
+	MessageType        string
+	StoredSha256       string
+	ConflictingSha256  string
+	ConflictingPayload []byte
+	Deliveries         int32
+	FirstSeenAt        time.Time
+	LastSeenAt         time.Time
 }
 
 type InboxDead struct {
@@ -42,6 +70,26 @@ type InboxDead struct {
 	DiedAt          *time.Time
 	ReplayRequested bool
 	PayloadBytes    float64
+	ReplayCount     int32
+	LastProcess     string
+	LastBuild       string
+}
+
+type InboxDeadByError struct {
+	LastError    pgtype.Text
+	Messages     int64
+	MessageTypes interface{}
+	FirstDiedAt  interface{}
+	LastDiedAt   interface{}
+}
+
+type InboxFailuresByBuild struct {
+	Build    string
+	Outcome  string
+	Attempts int64
+	Messages int64
+	FirstAt  interface{}
+	LastAt   interface{}
 }
 
 type InboxHeldBack struct {
@@ -58,12 +106,26 @@ type InboxHeldBack struct {
 }
 
 type InboxOverview struct {
-	Status           string
-	Messages         int64
-	ReplaysRequested int64
-	OldestReceivedAt interface{}
-	OldestAge        int32
-	LastProcessedAt  interface{}
+	Pending                    int64
+	InProgress                 int64
+	WaitingRetry               int64
+	ReplaysWaiting             int64
+	Dead                       int64
+	Processed                  int64
+	OldestPendingAge           int32
+	ProcessedLastMinute        int64
+	PerSecondLast5Minutes      pgtype.Numeric
+	FailedAttemptsLast5Minutes int64
+	ConflictingIds             int64
+	LastProcessedAt            interface{}
+}
+
+type InboxThroughput struct {
+	Minute    pgtype.Interval
+	Processed int64
+	Retried   int64
+	Dead      int64
+	Abandoned int64
 }
 
 type OrderConfirmation struct {

@@ -84,6 +84,9 @@ type IngestStats struct {
 	// message id was already stored, DeadLettered those sent to the
 	// dead-letter exchange.
 	Inserted, Duplicates, DeadLettered int
+	// Conflicts counts the duplicates whose payload differs from the
+	// stored one (recorded in inbox_conflicts; the stored payload stays).
+	Conflicts int
 }
 
 func (c *ConsumerConfig) withDefaults() (*ConsumerConfig, error) {
@@ -381,10 +384,11 @@ func (b *batch) flush(ctx context.Context) error {
 		rows = append(rows, r)
 	}
 
-	inserted, dbRejects, err := c.storeUntilDone(ctx, b, rows)
+	res, err := c.storeUntilDone(ctx, b, rows)
 	if err != nil {
 		return err
 	}
+	inserted, dbRejects := res.inserted, res.rejects
 	for _, i := range dbRejects {
 		rejects = append(rejects, rejection{delivery: b.deliveries[rows[i].delivery], reason: "refused by the database"})
 	}
@@ -408,6 +412,7 @@ func (b *batch) flush(ctx context.Context) error {
 			Inserted:     inserted,
 			Duplicates:   len(rows) - len(dbRejects) - inserted,
 			DeadLettered: len(rejects),
+			Conflicts:    res.conflicts,
 		})
 	}
 	b.deliveries = b.deliveries[:0]
@@ -462,33 +467,40 @@ func validText(s string) bool {
 	return len(s) <= MaxMessageIDBytes && utf8.ValidString(s) && !strings.ContainsRune(s, 0)
 }
 
+// stored is what storing a batch of rows came to.
+type stored struct {
+	// inserted counts the new inbox rows; conflicts the duplicates whose
+	// payload differs from the stored one.
+	inserted, conflicts int
+	// rejects are the indexes of rows the database refused as data (never
+	// retried; they are dead-lettered).
+	rejects []int
+}
+
 // storeUntilDone stores rows, retrying with backoff while the database is
 // unreachable: the deliveries stay unacknowledged and no more are taken from
 // this channel meanwhile, so ingest pauses instead of failing them. It gives
 // up when ctx ends, the session stops or the channel closes (the broker then
 // redelivers).
-//
-// It returns the number of rows inserted, and the indexes of rows that the
-// database refused as data (never retried; they are dead-lettered).
-func (c *Consumer) storeUntilDone(ctx context.Context, b *batch, rows []row) (int, []int, error) {
+func (c *Consumer) storeUntilDone(ctx context.Context, b *batch, rows []row) (stored, error) {
 	for attempt := 1; ; attempt++ {
-		inserted, rejects, err := c.store(ctx, rows)
+		res, err := c.store(ctx, rows)
 		if err == nil {
-			return inserted, rejects, nil
+			return res, nil
 		}
 		select {
 		case <-b.stopping:
-			return 0, nil, fmt.Errorf("store batch: %w", err)
+			return stored{}, fmt.Errorf("store batch: %w", err)
 		default:
 		}
 		if ctx.Err() != nil || b.ch.IsClosed() {
-			return 0, nil, fmt.Errorf("store batch: %w", err)
+			return stored{}, fmt.Errorf("store batch: %w", err)
 		}
 		delay := retry.Backoff(attempt, 100*time.Millisecond, 5*time.Second)
 		c.logger.Error("store batch failed, holding deliveries and retrying",
 			slog.Int("rows", len(rows)), slog.String("error", err.Error()), slog.Duration("retry_in", delay))
 		if !retry.Sleep(ctx, delay) {
-			return 0, nil, fmt.Errorf("store batch: %w", err)
+			return stored{}, fmt.Errorf("store batch: %w", err)
 		}
 	}
 }
@@ -498,36 +510,38 @@ func (c *Consumer) storeUntilDone(ctx context.Context, b *batch, rows []row) (in
 //
 // A failure whose outcome is unknown (the connection dropped around the
 // commit) is safe to retry: rows that did commit come back as duplicates.
-func (c *Consumer) store(ctx context.Context, rows []row) (int, []int, error) {
+func (c *Consumer) store(ctx context.Context, rows []row) (stored, error) {
 	if len(rows) == 0 {
-		return 0, nil, nil
+		return stored{}, nil
 	}
-	n, err := c.insert(ctx, rows)
+	res, err := c.insert(ctx, rows)
 	if err == nil {
-		return n, nil, nil
+		return res, nil
 	}
 	if !isDataError(err) {
-		return 0, nil, err
+		return stored{}, err
 	}
 	c.logger.Warn("database refused a batch, storing its rows one by one", slog.String("error", err.Error()))
-	inserted := 0
-	var rejects []int
+	res = stored{}
 	for i := range rows {
-		n, err := c.insert(ctx, rows[i:i+1])
+		one, err := c.insert(ctx, rows[i:i+1])
 		switch {
 		case isDataError(err):
 			c.logger.Warn("database refused a message", slog.String("message_id", rows[i].messageID), slog.String("error", err.Error()))
-			rejects = append(rejects, i)
+			res.rejects = append(res.rejects, i)
 		case err != nil:
-			return 0, nil, err
+			return stored{}, err
 		default:
-			inserted += n
+			res.inserted += one.inserted
+			res.conflicts += one.conflicts
 		}
 	}
-	return inserted, rejects, nil
+	return res, nil
 }
 
-func (c *Consumer) insert(ctx context.Context, rows []row) (int, error) {
+// insert stores rows with one INSERT ... ON CONFLICT DO NOTHING, then looks
+// at the duplicates, if any, for conflicting payloads.
+func (c *Consumer) insert(ctx context.Context, rows []row) (stored, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.StoreTimeout)
 	defer cancel()
 	p := dbsqlc.InboxInsertManyParams{
@@ -543,9 +557,41 @@ func (c *Consumer) insert(ctx context.Context, rows []row) (int, error) {
 	}
 	ids, err := c.queries.InboxInsertMany(ctx, c.pool, p)
 	if err != nil {
-		return 0, err
+		return stored{}, err
 	}
-	return len(ids), nil
+	res := stored{inserted: len(ids)}
+	if len(ids) == len(rows) {
+		return res, nil
+	}
+	// The first row with each inserted id is the one stored; every other
+	// row is a duplicate, of a message stored earlier or in this batch.
+	fresh := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		fresh[id] = true
+	}
+	var dups dbsqlc.InboxRecordConflictsParams
+	for _, r := range rows {
+		if fresh[r.messageID] {
+			delete(fresh, r.messageID)
+			continue
+		}
+		dups.MessageIds = append(dups.MessageIds, r.messageID)
+		dups.MessageTypes = append(dups.MessageTypes, r.messageType)
+		dups.Payloads = append(dups.Payloads, r.payload)
+	}
+	conflicts, err := c.queries.InboxRecordConflicts(ctx, c.pool, dups)
+	if err != nil {
+		return stored{}, fmt.Errorf("record conflicting duplicates: %w", err)
+	}
+	for _, cf := range conflicts {
+		res.conflicts += int(cf.Deliveries)
+		c.logger.Warn("message id arrived again with a different payload: the stored payload is kept, the delivery recorded in inbox_conflicts",
+			slog.String("message_id", cf.MessageID),
+			slog.String("stored_sha256", cf.StoredSha256),
+			slog.String("conflicting_sha256", cf.ConflictingSha256),
+			slog.Int("deliveries", int(cf.Deliveries)))
+	}
+	return res, nil
 }
 
 // isDataError reports whether err is PostgreSQL refusing the data itself

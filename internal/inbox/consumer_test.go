@@ -4,9 +4,11 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
@@ -88,6 +90,57 @@ func TestConsumer(t *testing.T) {
 		require.NoError(t, b.db.Pool.QueryRow(t.Context(),
 			"SELECT message_id FROM inbox ORDER BY id LIMIT 1").Scan(&first))
 		require.Equal(t, "m-0", first, "rows keep arrival order")
+	})
+
+	t.Run("RecordsConflictingDuplicatesAndKeepsTheFirstPayload", func(t *testing.T) {
+		t.Parallel()
+		b := setupConsumer(t)
+		var mu sync.Mutex
+		var total inbox.IngestStats
+		b.start(t, inbox.ConsumerConfig{BatchSize: 50, Channels: 1, Observe: func(s inbox.IngestStats) {
+			mu.Lock()
+			defer mu.Unlock()
+			total.Duplicates += s.Duplicates
+			total.Conflicts += s.Conflicts
+		}})
+		first := []byte(`{"orderId":"o-1","v":1}`)
+		second := []byte(`{"orderId":"o-1","v":2}`)
+		third := []byte(`{"orderId":"o-1","v":3}`)
+		msg := func(id string, body []byte) loadgen.Message {
+			return loadgen.Message{MessageID: id, RoutingKey: "order.created", Body: body}
+		}
+		require.NoError(t, loadgen.Publish(t.Context(), b.broker.URL, []loadgen.Message{
+			msg("c-1", first), msg("same", first),
+		}, 10))
+		require.Eventually(t, func() bool { return b.inboxCount(t) == 2 }, 20*time.Second, 20*time.Millisecond)
+		// Later: c-1 twice more with a second payload, once with a third,
+		// once with the first again (a plain duplicate); same with its own
+		// payload. Then a new id that conflicts within its own batch.
+		require.NoError(t, loadgen.Publish(t.Context(), b.broker.URL, []loadgen.Message{
+			msg("c-1", second), msg("c-1", second), msg("c-1", third), msg("c-1", first), msg("same", first),
+			msg("c-2", first), msg("c-2", second),
+		}, 10))
+		require.Eventually(t, func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return total.Duplicates == 6
+		}, 20*time.Second, 20*time.Millisecond)
+		mu.Lock()
+		require.Equal(t, 4, total.Conflicts, "three conflicting deliveries of c-1, one of c-2")
+		mu.Unlock()
+
+		var payload []byte
+		require.NoError(t, b.db.Pool.QueryRow(t.Context(), "SELECT payload FROM inbox WHERE message_id = 'c-1'").Scan(&payload))
+		require.Equal(t, first, payload, "the first payload stays the one handled")
+
+		rows, err := b.db.Pool.Query(t.Context(), `
+			SELECT format('%s %s %s %s', message_id, stored_sha256 = encode(sha256($1::bytea), 'hex'),
+			              conflicting_sha256 = encode(sha256(conflicting_payload), 'hex'), deliveries)
+			FROM inbox_conflicts ORDER BY message_id, deliveries DESC`, first)
+		require.NoError(t, err)
+		recorded, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		require.NoError(t, err)
+		require.Equal(t, []string{"c-1 t t 2", "c-1 t t 1", "c-2 t t 1"}, recorded)
 	})
 
 	t.Run("DeadLettersWhatCannotBeStored", func(t *testing.T) {

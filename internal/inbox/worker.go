@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"runtime/debug"
 	"strings"
 	"sync"
@@ -58,6 +59,22 @@ type WorkerConfig struct {
 	// alone. After a crash, the crashed process's claims are taken over once
 	// it has passed. Defaults to 5 seconds.
 	ClaimLease time.Duration
+	// Process names this process in inbox.claimed_by and the attempt
+	// history. Defaults to DefaultProcessName().
+	Process string
+	// Build names the build of the handler in inbox.claimed_build and the
+	// attempt history. Defaults to "unknown".
+	Build string
+}
+
+// DefaultProcessName returns "host/pid", the name a process gives itself in
+// the attempt history unless told otherwise.
+func DefaultProcessName() string {
+	host, err := os.Hostname()
+	if err != nil {
+		host = "unknown"
+	}
+	return fmt.Sprintf("%s/%d", host, os.Getpid())
 }
 
 func (c *WorkerConfig) withDefaults() (*WorkerConfig, error) {
@@ -71,6 +88,8 @@ func (c *WorkerConfig) withDefaults() (*WorkerConfig, error) {
 	out.RetryBase = cmp.Or(out.RetryBase, time.Second)
 	out.RetryMax = cmp.Or(out.RetryMax, 5*time.Minute)
 	out.ClaimLease = cmp.Or(out.ClaimLease, 5*time.Second)
+	out.Process = cmp.Or(out.Process, DefaultProcessName())
+	out.Build = cmp.Or(out.Build, "unknown")
 	switch {
 	case out.Handler == nil:
 		return nil, errors.New("worker: Handler is required")
@@ -238,7 +257,11 @@ func (w *Worker) RunOnce(ctx context.Context) (int, error) {
 func (w *Worker) runBatch(ctx context.Context) (int, error) {
 	w.exclusive.RLock()
 	defer w.exclusive.RUnlock()
-	ids, err := w.queries.InboxClaimBatch(ctx, w.pool, int32(w.cfg.BatchSize))
+	ids, err := w.queries.InboxClaimBatch(ctx, w.pool, dbsqlc.InboxClaimBatchParams{
+		Process: w.cfg.Process,
+		Build:   w.cfg.Build,
+		MaxRows: int32(w.cfg.BatchSize),
+	})
 	if err != nil {
 		return 0, fmt.Errorf("claim inbox batch: %w", err)
 	}
@@ -257,7 +280,11 @@ func (w *Worker) runBatch(ctx context.Context) (int, error) {
 func (w *Worker) RunUnfinished(ctx context.Context) (int, error) {
 	w.exclusive.Lock()
 	defer w.exclusive.Unlock()
-	ids, err := w.queries.InboxClaimUnfinished(ctx, w.pool, w.cfg.ClaimLease.Seconds())
+	ids, err := w.queries.InboxClaimUnfinished(ctx, w.pool, dbsqlc.InboxClaimUnfinishedParams{
+		LeaseSeconds: w.cfg.ClaimLease.Seconds(),
+		Process:      w.cfg.Process,
+		Build:        w.cfg.Build,
+	})
 	if err != nil {
 		return 0, fmt.Errorf("claim unfinished message: %w", err)
 	}
@@ -424,6 +451,8 @@ func (w *Worker) callHandler(ctx context.Context, tx pgx.Tx, msgs []Message) (ou
 // status it gave each.
 func (w *Worker) complete(ctx context.Context, tx pgx.Tx, msgs []Message, outcomes []Outcome) ([]string, error) {
 	p := dbsqlc.InboxCompleteManyParams{
+		Process:       w.cfg.Process,
+		Build:         w.cfg.Build,
 		Ids:           make([]int64, len(msgs)),
 		Statuses:      make([]string, len(msgs)),
 		Results:       make([]string, len(msgs)),

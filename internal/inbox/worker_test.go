@@ -136,6 +136,19 @@ func readRow(t *testing.T, pool *pgxpool.Pool, messageID string) inboxRow {
 	return r
 }
 
+// attemptHistory lists a message's attempts as "attempt outcome process
+// build", in order.
+func attemptHistory(t *testing.T, pool *pgxpool.Pool, messageID string) []string {
+	t.Helper()
+	rows, err := pool.Query(t.Context(), `
+		SELECT format('%s %s %s %s', attempt, outcome, process, build)
+		FROM inbox_attempts WHERE message_id = $1 ORDER BY run, attempt`, messageID)
+	require.NoError(t, err)
+	history, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	return history
+}
+
 func countEffects(t *testing.T, pool *pgxpool.Pool) int {
 	t.Helper()
 	var n int
@@ -357,15 +370,20 @@ func TestWorkerFailureIsBounded(t *testing.T) {
 		// Three workers claim m-0 and die before recording anything, as a
 		// handler that kills its process would leave it.
 		q := dbsqlc.New()
-		claimed, err := q.InboxClaimBatch(t.Context(), b.db.Pool, 1)
+		claimed, err := q.InboxClaimBatch(t.Context(), b.db.Pool, dbsqlc.InboxClaimBatchParams{
+			Process: "host/1", Build: "v1", MaxRows: 1,
+		})
 		require.NoError(t, err)
 		require.Len(t, claimed, 1)
-		for range maxAttempts - 1 {
-			claimed, err := q.InboxClaimUnfinished(t.Context(), b.db.Pool, 0)
+		for i := range maxAttempts - 1 {
+			claimed, err := q.InboxClaimUnfinished(t.Context(), b.db.Pool, dbsqlc.InboxClaimUnfinishedParams{
+				Process: fmt.Sprintf("host/%d", i+2), Build: "v1",
+			})
 			require.NoError(t, err)
 			require.Len(t, claimed, 1)
 		}
-		w := b.newWorker(t, b.db.Pool, inbox.WorkerConfig{MaxAttempts: maxAttempts, ClaimLease: time.Millisecond})
+		w := b.newWorker(t, b.db.Pool, inbox.WorkerConfig{MaxAttempts: maxAttempts, ClaimLease: time.Millisecond,
+			Process: "host/9", Build: "v2"})
 		time.Sleep(5 * time.Millisecond) // the dead workers' lease ends
 		require.Eventually(t, func() bool {
 			_, err := w.RunOnce(t.Context())
@@ -376,13 +394,23 @@ func TestWorkerFailureIsBounded(t *testing.T) {
 		require.Contains(t, *r.LastError, "gave up after 3 attempts")
 		require.Zero(t, b.handler.calls["m-0"], "not handled again")
 		require.Equal(t, 1, countEffects(t, b.db.Pool))
+
+		// The history names every lost attempt with the process and build
+		// that made it, and the attempt that gave up.
+		require.Equal(t, []string{
+			"1 abandoned host/1 v1",
+			"2 abandoned host/2 v1",
+			"3 abandoned host/3 v1",
+			"4 dead host/9 v2",
+		}, attemptHistory(t, b.db.Pool, "m-0"))
+		require.Equal(t, []string{"1 processed host/9 v2"}, attemptHistory(t, b.db.Pool, "m-1"))
 	})
 
 	t.Run("AClaimedMessageIsLeftAloneDuringItsLease", func(t *testing.T) {
 		t.Parallel()
 		b := setupWorker(t)
 		insertMessages(t, b.db.Pool, 1)
-		_, err := dbsqlc.New().InboxClaimBatch(t.Context(), b.db.Pool, 1)
+		_, err := dbsqlc.New().InboxClaimBatch(t.Context(), b.db.Pool, dbsqlc.InboxClaimBatchParams{Process: "p", Build: "b", MaxRows: 1})
 		require.NoError(t, err)
 		w := b.newWorker(t, b.db.Pool, inbox.WorkerConfig{ClaimLease: time.Hour})
 		n, err := w.RunOnce(t.Context())

@@ -23,6 +23,7 @@ type Metrics struct {
 
 	received     prometheus.Counter
 	duplicates   prometheus.Counter
+	conflicts    prometheus.Counter
 	deadLettered prometheus.Counter
 	batchSize    prometheus.Histogram
 	outcomes     *prometheus.CounterVec
@@ -30,11 +31,13 @@ type Metrics struct {
 	handler      prometheus.Histogram
 	endToEnd     prometheus.Histogram
 	published    prometheus.Counter
+	janitor      *prometheus.CounterVec
 }
 
 // New returns the metrics, with gauges that read the database through pool
-// (each scrape bounded by timeout) and Go's process and runtime collectors.
-func New(pool *pgxpool.Pool, logger *slog.Logger, timeout time.Duration) *Metrics {
+// (each scrape bounded by timeout), Go's process and runtime collectors, and
+// the build of inboxd.
+func New(pool *pgxpool.Pool, logger *slog.Logger, timeout time.Duration, build string) *Metrics {
 	m := &Metrics{
 		Registry: prometheus.NewRegistry(),
 		received: prometheus.NewCounter(prometheus.CounterOpts{
@@ -42,6 +45,10 @@ func New(pool *pgxpool.Pool, logger *slog.Logger, timeout time.Duration) *Metric
 		}),
 		duplicates: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "inbox_duplicates_total", Help: "Deliveries whose message id was already in the inbox.",
+		}),
+		conflicts: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "inbox_conflicting_duplicates_total",
+			Help: "Duplicates whose payload differed from the stored one (recorded in inbox_conflicts; the stored payload is kept).",
 		}),
 		deadLettered: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "inbox_dead_lettered_total", Help: "Deliveries sent to order-confirmation.dlx because they could not be stored.",
@@ -67,12 +74,19 @@ func New(pool *pgxpool.Pool, logger *slog.Logger, timeout time.Duration) *Metric
 		published: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "outbox_published_total", Help: "Outbox rows published and confirmed by the broker.",
 		}),
+		janitor: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "janitor_deleted_total", Help: "Rows the janitor deleted past their retention, by what they were.",
+		}, []string{"rows"}),
 	}
 	for _, s := range []string{"processed", "retried", "dead"} {
 		m.outcomes.WithLabelValues(s)
 	}
-	m.Registry.MustRegister(m.received, m.duplicates, m.deadLettered, m.batchSize, m.outcomes, m.replays,
-		m.handler, m.endToEnd, m.published,
+	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{
+		Name: "inboxd_build_info", Help: "Always 1; the build label names the running build of inboxd.",
+	}, []string{"build"})
+	buildInfo.WithLabelValues(build).Set(1)
+	m.Registry.MustRegister(m.received, m.duplicates, m.conflicts, m.deadLettered, m.batchSize, m.outcomes, m.replays,
+		m.handler, m.endToEnd, m.published, m.janitor, buildInfo,
 		&gauges{pool: pool, logger: logger, timeout: timeout},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -82,6 +96,7 @@ func New(pool *pgxpool.Pool, logger *slog.Logger, timeout time.Duration) *Metric
 func (m *Metrics) ObserveIngest(s inbox.IngestStats) {
 	m.received.Add(float64(s.Inserted))
 	m.duplicates.Add(float64(s.Duplicates))
+	m.conflicts.Add(float64(s.Conflicts))
 	m.deadLettered.Add(float64(s.DeadLettered))
 	m.batchSize.Observe(float64(s.Deliveries))
 }
@@ -96,6 +111,11 @@ func (m *Metrics) ObserveBatch(s inbox.BatchStats) {
 	for _, l := range s.Latencies {
 		m.endToEnd.Observe(l.Seconds())
 	}
+}
+
+// ObserveJanitor records a batch of rows the janitor deleted.
+func (m *Metrics) ObserveJanitor(rows string, n int, _ time.Duration) {
+	m.janitor.WithLabelValues(rows).Add(float64(n))
 }
 
 // ObservePublished records published outbox rows.

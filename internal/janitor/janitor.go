@@ -1,0 +1,189 @@
+// Package janitor deletes what the service no longer needs: processed
+// messages (and their attempt history) past the retention window, dead ones
+// past a longer one, published outbox rows and old conflict records.
+//
+// It deletes in small batches, each its own short transaction that takes
+// only rows nobody has locked (SKIP LOCKED), so cleanup never holds up
+// ingest or the workers, and any number of janitors, in any number of
+// processes, can run at once without conflict.
+package janitor
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/orderconfirm/inboxd/internal/dbsqlc"
+	"github.com/orderconfirm/inboxd/internal/retry"
+	"github.com/orderconfirm/inboxd/internal/startstop"
+)
+
+// Kinds of rows the janitor deletes, as reported to Observe and in Result.
+const (
+	RowsProcessed = "processed"
+	RowsDead      = "dead"
+	RowsPublished = "published"
+	RowsConflicts = "conflicts"
+)
+
+// Config configures a Janitor.
+type Config struct {
+	// Logger receives the janitor's logs. Defaults to slog.Default().
+	Logger *slog.Logger
+	// Retention is how long processed messages, published outbox rows and
+	// conflict records are kept. Required.
+	Retention time.Duration
+	// DeadRetention is how long dead messages are kept, unless an operator
+	// asked for a replay. At least Retention. Required.
+	DeadRetention time.Duration
+	// Interval is the time between two cleanups. Defaults to 1 minute.
+	Interval time.Duration
+	// BatchSize is the most rows one delete statement removes. Defaults to
+	// 1000.
+	BatchSize int
+	// Observe, when set, is told how many rows of each kind each batch
+	// deleted, and how long the batch took. It must not block.
+	Observe func(rows string, n int, took time.Duration)
+}
+
+func (c *Config) withDefaults() (*Config, error) {
+	out := *c
+	out.Logger = cmp.Or(out.Logger, slog.Default())
+	out.Interval = cmp.Or(out.Interval, time.Minute)
+	out.BatchSize = cmp.Or(out.BatchSize, 1000)
+	switch {
+	case out.Retention <= 0:
+		return nil, errors.New("janitor: Retention must be positive")
+	case out.DeadRetention < out.Retention:
+		return nil, fmt.Errorf("janitor: DeadRetention (%s) must be at least Retention (%s)", out.DeadRetention, out.Retention)
+	case out.Interval < 0:
+		return nil, errors.New("janitor: Interval must be positive")
+	case out.BatchSize < 1:
+		return nil, fmt.Errorf("janitor: BatchSize must be at least 1, got %d", out.BatchSize)
+	}
+	return &out, nil
+}
+
+// Result counts the rows one cleanup deleted, by kind.
+type Result map[string]int64
+
+// Janitor deletes rows past their retention; see the package documentation.
+type Janitor struct {
+	pool    *pgxpool.Pool
+	cfg     *Config
+	logger  *slog.Logger
+	queries *dbsqlc.Queries
+	service startstop.Service
+}
+
+// New returns a Janitor that deletes through pool, which it uses one
+// connection of at a time.
+func New(pool *pgxpool.Pool, cfg *Config) (*Janitor, error) {
+	c, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	return &Janitor{
+		pool:    pool,
+		cfg:     c,
+		logger:  c.Logger.With(slog.String("component", "janitor")),
+		queries: dbsqlc.New(),
+	}, nil
+}
+
+// Start runs a cleanup at once and then every Interval, until ctx ends or
+// Stop is called. It returns at once.
+func (j *Janitor) Start(ctx context.Context) error {
+	return j.service.Start(ctx, func(fetchCtx, _ context.Context) {
+		timer := time.NewTimer(0)
+		defer timer.Stop()
+		failures := 0
+		for {
+			select {
+			case <-fetchCtx.Done():
+				return
+			case <-timer.C:
+			}
+			next := j.cfg.Interval
+			if _, err := j.RunOnce(fetchCtx); err != nil {
+				if fetchCtx.Err() != nil {
+					return
+				}
+				failures++
+				next = min(next, retry.Backoff(failures, time.Second, j.cfg.Interval))
+				j.logger.Error("cleanup failed", slog.String("error", err.Error()), slog.Duration("retry_in", next))
+			} else {
+				failures = 0
+			}
+			timer.Reset(next)
+		}
+	})
+}
+
+// Stop ends the cleanup in progress between two batches and waits for it.
+func (j *Janitor) Stop(ctx context.Context) { j.service.Stop(ctx) }
+
+// RunOnce deletes, batch after batch, every row past its retention, and
+// returns how many of each kind it deleted. Between two batches it pauses as
+// long as the last one took. It stops between batches when ctx ends.
+func (j *Janitor) RunOnce(ctx context.Context) (Result, error) {
+	retention, dead := j.cfg.Retention.Seconds(), j.cfg.DeadRetention.Seconds()
+	limit := int32(j.cfg.BatchSize)
+	kinds := []struct {
+		rows   string
+		delete func(context.Context) (int64, error)
+	}{
+		{RowsProcessed, func(ctx context.Context) (int64, error) {
+			return j.queries.JanitorDeleteProcessed(ctx, j.pool, dbsqlc.JanitorDeleteProcessedParams{OlderThanSeconds: retention, MaxRows: limit})
+		}},
+		{RowsDead, func(ctx context.Context) (int64, error) {
+			return j.queries.JanitorDeleteDead(ctx, j.pool, dbsqlc.JanitorDeleteDeadParams{OlderThanSeconds: dead, MaxRows: limit})
+		}},
+		{RowsPublished, func(ctx context.Context) (int64, error) {
+			return j.queries.JanitorDeletePublished(ctx, j.pool, dbsqlc.JanitorDeletePublishedParams{OlderThanSeconds: retention, MaxRows: limit})
+		}},
+		{RowsConflicts, func(ctx context.Context) (int64, error) {
+			return j.queries.JanitorDeleteConflicts(ctx, j.pool, dbsqlc.JanitorDeleteConflictsParams{OlderThanSeconds: retention, MaxRows: limit})
+		}},
+	}
+	res := Result{}
+	started := time.Now()
+	for _, k := range kinds {
+		for ctx.Err() == nil {
+			batchStarted := time.Now()
+			n, err := k.delete(ctx)
+			if err != nil {
+				return res, fmt.Errorf("delete %s rows: %w", k.rows, err)
+			}
+			res[k.rows] += n
+			if n > 0 && j.cfg.Observe != nil {
+				j.cfg.Observe(k.rows, int(n), time.Since(batchStarted))
+			}
+			if n < int64(limit) {
+				break
+			}
+			// There is more. Pause as long as the batch took, so that a
+			// large backlog is worked off at no more than half of one
+			// connection's time, leaving the database to ingest and the
+			// workers.
+			if !retry.Sleep(ctx, time.Since(batchStarted)) {
+				break
+			}
+		}
+	}
+	if ctx.Err() != nil {
+		return res, ctx.Err()
+	}
+	if res[RowsProcessed]+res[RowsDead]+res[RowsPublished]+res[RowsConflicts] > 0 {
+		j.logger.Info("cleanup done",
+			slog.Int64("processed", res[RowsProcessed]), slog.Int64("dead", res[RowsDead]),
+			slog.Int64("published", res[RowsPublished]), slog.Int64("conflicts", res[RowsConflicts]),
+			slog.Duration("took", time.Since(started)))
+	}
+	return res, nil
+}

@@ -1,0 +1,244 @@
+package janitor_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/orderconfirm/inboxd/internal/dbsqlc"
+	"github.com/orderconfirm/inboxd/internal/janitor"
+	"github.com/orderconfirm/inboxd/internal/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+func newJanitor(t *testing.T, pool *pgxpool.Pool, cfg janitor.Config) *janitor.Janitor {
+	t.Helper()
+	cfg.Logger = testenv.Logger(t)
+	j, err := janitor.New(pool, &cfg)
+	require.NoError(t, err)
+	return j
+}
+
+func exec(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) {
+	t.Helper()
+	_, err := pool.Exec(context.WithoutCancel(t.Context()), sql, args...)
+	require.NoError(t, err)
+}
+
+func count(t *testing.T, pool *pgxpool.Pool, sql string) int {
+	t.Helper()
+	var n int
+	require.NoError(t, pool.QueryRow(context.WithoutCancel(t.Context()), sql).Scan(&n))
+	return n
+}
+
+// seedMessage stores one message in the given status, processed (or died)
+// age ago, with one attempt in its history.
+func seedMessage(t *testing.T, pool *pgxpool.Pool, id, status string, age time.Duration) {
+	t.Helper()
+	exec(t, pool, `
+		WITH m AS (
+			INSERT INTO inbox (message_id, message_type, payload, status, attempts, received_at, processed_at)
+			VALUES ($1, 'order.created', '{}', $2, 1, now() - $3::interval,
+			        CASE WHEN $2 = 'pending' THEN NULL ELSE now() - $3::interval END)
+			RETURNING id, message_id
+		)
+		INSERT INTO inbox_attempts (inbox_id, run, attempt, message_id, outcome, process, build, finished_at)
+		SELECT id, 0, 1, message_id, CASE $2 WHEN 'pending' THEN 'retry' ELSE $2 END, 'test/1', 'b1', now() - $3::interval
+		FROM m`, id, status, age.String())
+}
+
+// The janitor deletes exactly what is past its retention, and nothing that
+// an operator or the service still needs.
+func TestJanitorDeletesOnlyWhatIsPastItsRetention(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	const day = 24 * time.Hour
+	for _, m := range []struct {
+		id     string
+		status string
+		age    time.Duration
+	}{
+		{"processed-old", "processed", 8 * day},
+		{"processed-young", "processed", 6 * day},
+		{"dead-old", "dead", 31 * day},
+		{"dead-past-retention", "dead", 8 * day}, // dead rows have a retention of their own
+		{"pending-old", "pending", 40 * day},     // never deleted, however old
+	} {
+		seedMessage(t, db.Pool, m.id, m.status, m.age)
+	}
+	exec(t, db.Pool, `
+		INSERT INTO outbox (idempotency_key, message_id, routing_key, payload, created_at, published_at)
+		VALUES ('e-old', 'processed-old', 'order.confirmed', '{}', now() - interval '9 days', now() - interval '8 days'),
+		       ('e-young', 'processed-young', 'order.confirmed', '{}', now() - interval '6 days', now() - interval '6 days'),
+		       ('e-unpublished', 'pending-old', 'order.confirmed', '{}', now() - interval '40 days', NULL)`)
+	exec(t, db.Pool, `
+		INSERT INTO inbox_conflicts (message_id, message_type, stored_sha256, conflicting_sha256, conflicting_payload, first_seen_at, last_seen_at)
+		VALUES ('processed-old', 'order.created', 'a', 'b', '{}', now() - interval '9 days', now() - interval '8 days'),
+		       ('processed-young', 'order.created', 'a', 'c', '{}', now() - interval '9 days', now() - interval '1 day')`)
+
+	observed := map[string]int{}
+	j := newJanitor(t, db.Pool, janitor.Config{
+		Retention: 7 * day, DeadRetention: 30 * day, BatchSize: 1,
+		Observe: func(rows string, n int, _ time.Duration) { observed[rows] += n },
+	})
+	res, err := j.RunOnce(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, janitor.Result{janitor.RowsProcessed: 1, janitor.RowsDead: 1, janitor.RowsPublished: 1, janitor.RowsConflicts: 1}, res)
+	require.Equal(t, map[string]int{janitor.RowsProcessed: 1, janitor.RowsDead: 1, janitor.RowsPublished: 1, janitor.RowsConflicts: 1}, observed)
+
+	var left []string
+	rows, err := db.Pool.Query(t.Context(), "SELECT message_id FROM inbox ORDER BY message_id")
+	require.NoError(t, err)
+	for rows.Next() {
+		var id string
+		require.NoError(t, rows.Scan(&id))
+		left = append(left, id)
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, []string{"dead-past-retention", "pending-old", "processed-young"}, left)
+	require.Zero(t, count(t, db.Pool, "SELECT count(*) FROM inbox_attempts WHERE message_id IN ('processed-old', 'dead-old')"),
+		"the history goes with its message")
+	require.Equal(t, 3, count(t, db.Pool, "SELECT count(*) FROM inbox_attempts"))
+	require.Equal(t, 2, count(t, db.Pool, "SELECT count(*) FROM outbox"), "unpublished rows stay")
+	require.Equal(t, 1, count(t, db.Pool, "SELECT count(*) FROM inbox_conflicts"))
+
+	res, err = j.RunOnce(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, janitor.Result{janitor.RowsProcessed: 0, janitor.RowsDead: 0, janitor.RowsPublished: 0, janitor.RowsConflicts: 0}, res)
+}
+
+func TestJanitorConfig(t *testing.T) {
+	t.Parallel()
+	for name, cfg := range map[string]janitor.Config{
+		"NoRetention":              {DeadRetention: time.Hour},
+		"DeadShorterThanRetention": {Retention: 2 * time.Hour, DeadRetention: time.Hour},
+		"NegativeBatch":            {Retention: time.Hour, DeadRetention: time.Hour, BatchSize: -1},
+	} {
+		_, err := janitor.New(nil, &cfg)
+		require.Error(t, err, name)
+	}
+}
+
+// On a million processed rows, two janitors at once delete exactly the
+// rows past the window, in batches, while ingest keeps inserting. The test
+// reports (it does not assert) how long batches and ingest inserts took.
+func TestJanitorOnAMillionRows(t *testing.T) {
+	if testing.Short() {
+		t.Skip("seeds a million rows")
+	}
+	t.Parallel()
+	db := testenv.NewDB(t)
+	ctx := t.Context()
+	const total, old = 1_000_000, 600_000
+	// Rows 1..600,000 were processed 8 to 10 days ago, the rest in the
+	// last 6 days; each has one attempt in its history.
+	seedStart := time.Now()
+	exec(t, db.Pool, `
+		INSERT INTO inbox (message_id, message_type, payload, status, attempts, received_at, processed_at)
+		SELECT 'seed-' || g, 'order.created', '{"orderId":"o"}', 'processed', 1, t, t
+		FROM generate_series(1, $1::int) g,
+		     LATERAL (SELECT CASE WHEN g <= $2 THEN now() - interval '10 days' + (g::float8 / $2) * interval '2 days'
+		                          ELSE now() - interval '6 days' + ((g - $2)::float8 / ($1 - $2)) * interval '6 days' END AS t) AS at`,
+		total, old)
+	exec(t, db.Pool, `
+		INSERT INTO inbox_attempts (inbox_id, run, attempt, message_id, outcome, process, build, finished_at)
+		SELECT id, 0, 1, message_id, 'processed', 'seed/1', 'b1', processed_at FROM inbox`)
+	exec(t, db.Pool, "VACUUM ANALYZE inbox")
+	exec(t, db.Pool, "VACUUM ANALYZE inbox_attempts")
+	t.Logf("seeded %d processed messages with their history in %s", total, time.Since(seedStart).Round(time.Millisecond))
+
+	// Ingest: batches of 500 new messages, one insert statement each, as
+	// long as the janitors run, then as long again without them.
+	var ingestMu sync.Mutex
+	var during, after []time.Duration
+	ingest := func(ctx context.Context, prefix string, into *[]time.Duration) {
+		q := dbsqlc.New()
+		for n := 0; ctx.Err() == nil; n++ {
+			p := dbsqlc.InboxInsertManyParams{}
+			for i := range 500 {
+				id := fmt.Sprintf("%s-%d-%d", prefix, n, i)
+				p.MessageIds = append(p.MessageIds, id)
+				p.MessageTypes = append(p.MessageTypes, "order.created")
+				p.RoutingKeys = append(p.RoutingKeys, "order.created")
+				p.Payloads = append(p.Payloads, []byte(`{"orderId":"x"}`))
+				p.OrderKeys = append(p.OrderKeys, id)
+			}
+			started := time.Now()
+			if _, err := q.InboxInsertMany(ctx, db.Pool, p); err != nil {
+				if ctx.Err() == nil {
+					t.Errorf("ingest insert: %v", err)
+				}
+				return
+			}
+			ingestMu.Lock()
+			*into = append(*into, time.Since(started))
+			ingestMu.Unlock()
+		}
+	}
+
+	var batchMu sync.Mutex
+	var batches []time.Duration
+	observe := func(rows string, n int, took time.Duration) {
+		if rows == janitor.RowsProcessed {
+			batchMu.Lock()
+			batches = append(batches, took)
+			batchMu.Unlock()
+		}
+	}
+	ingestCtx, stopIngest := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { ingest(ingestCtx, "during", &during) })
+	started := time.Now()
+	results := make([]janitor.Result, 2)
+	var janitors sync.WaitGroup
+	for i := range results {
+		j := newJanitor(t, db.Pool, janitor.Config{Retention: 7 * 24 * time.Hour, DeadRetention: 30 * 24 * time.Hour, Observe: observe})
+		janitors.Go(func() {
+			res, err := j.RunOnce(ctx)
+			require.NoError(t, err)
+			results[i] = res
+		})
+	}
+	janitors.Wait()
+	took := time.Since(started)
+	stopIngest()
+	wg.Wait()
+	afterCtx, stopAfter := context.WithTimeout(ctx, min(took, 5*time.Second))
+	ingest(afterCtx, "after", &after)
+	stopAfter()
+
+	require.EqualValues(t, old, results[0][janitor.RowsProcessed]+results[1][janitor.RowsProcessed],
+		"the two janitors together deleted every row past the window, and no row twice")
+	require.Positive(t, results[0][janitor.RowsProcessed], "both janitors took part")
+	require.Positive(t, results[1][janitor.RowsProcessed], "both janitors took part")
+	require.Equal(t, total-old, count(t, db.Pool, "SELECT count(*) FROM inbox WHERE message_id LIKE 'seed-%'"))
+	require.Zero(t, count(t, db.Pool, "SELECT count(*) FROM inbox WHERE processed_at < now() - interval '7 days'"))
+	require.Equal(t, total-old, count(t, db.Pool, "SELECT count(*) FROM inbox_attempts"), "the history went with its messages")
+	// An insert cut off by the end of its phase may have committed too.
+	ingested := count(t, db.Pool, "SELECT count(*) FROM inbox WHERE message_id NOT LIKE 'seed-%'")
+	require.GreaterOrEqual(t, ingested, 500*(len(during)+len(after)), "the janitors deleted no new message")
+
+	t.Logf("deleted %d rows in %d batches of up to 1000 by 2 janitors in %s (%.0f rows/s); batch p50 %s, p99 %s, max %s",
+		old, len(batches), took.Round(time.Millisecond), float64(old)/took.Seconds(),
+		percentile(batches, 0.50), percentile(batches, 0.99), percentile(batches, 1))
+	t.Logf("ingest inserts of 500: during cleanup %d, p50 %s, p99 %s, max %s; without cleanup %d, p50 %s, p99 %s, max %s",
+		len(during), percentile(during, 0.50), percentile(during, 0.99), percentile(during, 1),
+		len(after), percentile(after, 0.50), percentile(after, 0.99), percentile(after, 1))
+}
+
+func percentile(ds []time.Duration, p float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[min(len(s)-1, int(p*float64(len(s))))].Round(10 * time.Microsecond)
+}

@@ -1,0 +1,70 @@
+-- The janitor's statements each delete one small batch of rows past their
+-- retention, oldest first. SKIP LOCKED keeps them off rows in use and lets
+-- several janitors run at once, each taking different rows. The statuses
+-- are literals, not parameters, so that the planner can use the partial
+-- indexes whatever plan it caches.
+
+-- name: JanitorDeleteProcessed :one
+-- JanitorDeleteProcessed deletes up to max_rows processed messages
+-- processed more than older_than_seconds ago, with their attempt history,
+-- and returns how many messages it deleted.
+WITH gone AS (
+    DELETE FROM inbox
+    WHERE id IN (
+        SELECT id FROM inbox
+        WHERE status = 'processed'
+          AND processed_at < now() - make_interval(secs => sqlc.arg(older_than_seconds)::float8)
+        ORDER BY processed_at
+        LIMIT sqlc.arg(max_rows)
+        FOR UPDATE SKIP LOCKED
+    )
+    RETURNING id
+), history AS (
+    DELETE FROM inbox_attempts WHERE inbox_id IN (SELECT id FROM gone)
+)
+SELECT count(*) FROM gone;
+
+-- name: JanitorDeleteDead :one
+-- JanitorDeleteDead deletes up to max_rows dead messages that died more
+-- than older_than_seconds ago and were not asked to be replayed, with their
+-- attempt history, and returns how many messages it deleted.
+WITH gone AS (
+    DELETE FROM inbox
+    WHERE id IN (
+        SELECT id FROM inbox
+        WHERE status = 'dead'
+          AND NOT replay_requested
+          AND processed_at < now() - make_interval(secs => sqlc.arg(older_than_seconds)::float8)
+        ORDER BY id
+        LIMIT sqlc.arg(max_rows)
+        FOR UPDATE SKIP LOCKED
+    )
+    RETURNING id
+), history AS (
+    DELETE FROM inbox_attempts WHERE inbox_id IN (SELECT id FROM gone)
+)
+SELECT count(*) FROM gone;
+
+-- name: JanitorDeletePublished :execrows
+-- JanitorDeletePublished deletes up to max_rows outbox rows published more
+-- than older_than_seconds ago.
+DELETE FROM outbox
+WHERE id IN (
+    SELECT id FROM outbox
+    WHERE published_at < now() - make_interval(secs => sqlc.arg(older_than_seconds)::float8)
+    ORDER BY published_at
+    LIMIT sqlc.arg(max_rows)
+    FOR UPDATE SKIP LOCKED
+);
+
+-- name: JanitorDeleteConflicts :execrows
+-- JanitorDeleteConflicts deletes up to max_rows conflict records last seen
+-- more than older_than_seconds ago.
+DELETE FROM inbox_conflicts
+WHERE id IN (
+    SELECT id FROM inbox_conflicts
+    WHERE last_seen_at < now() - make_interval(secs => sqlc.arg(older_than_seconds)::float8)
+    ORDER BY last_seen_at
+    LIMIT sqlc.arg(max_rows)
+    FOR UPDATE SKIP LOCKED
+);
