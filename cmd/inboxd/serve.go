@@ -41,6 +41,8 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
 		if err := migrateUp(ctx, cfg, logger); err != nil {
 			return err
 		}
+	} else if err := migrate.Check(ctx, cfg.dbConfig.ConnConfig); err != nil {
+		return err
 	}
 
 	// Ingest and workers have pools of their own, so neither can starve the

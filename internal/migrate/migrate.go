@@ -4,11 +4,14 @@ package migrate
 import (
 	"context"
 	"database/sql"
+	"errors"
 	"fmt"
 	"hash/crc64"
+	"io/fs"
 	"log/slog"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/lock"
@@ -68,4 +71,50 @@ func lockID(ctx context.Context, db *sql.DB) (int64, error) {
 	}
 	sum := crc64.Checksum([]byte("inboxd-migrate:"+database+"."+schema), crc64.MakeTable(crc64.ECMA))
 	return int64(sum), nil
+}
+
+// Check returns an error unless the schema that connConfig's search_path
+// selects has every migration of this build applied. A serve that does not
+// migrate (its role may not) checks this first, so that running a build
+// against a schema it does not know fails at once, with what to do. Only
+// the version table is read: any role that can read it can check.
+func Check(ctx context.Context, connConfig *pgx.ConnConfig) error {
+	want, err := Latest()
+	if err != nil {
+		return err
+	}
+	conn, err := pgx.ConnectConfig(ctx, connConfig)
+	if err != nil {
+		return fmt.Errorf("connect to check the schema version: %w", err)
+	}
+	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
+	var have int64
+	err = conn.QueryRow(ctx, "SELECT coalesce(max(version_id), 0) FROM goose_db_version WHERE is_applied").Scan(&have)
+	var pgErr *pgconn.PgError
+	switch {
+	case errors.As(err, &pgErr) && pgErr.Code == "42P01": // undefined_table
+		return fmt.Errorf("the schema is not migrated: run inboxd migrate (as the schema's owner)")
+	case err != nil:
+		return fmt.Errorf("read the schema version: %w", err)
+	case have < want:
+		return fmt.Errorf("the schema is at migration %d, this build needs %d: run inboxd migrate (as the schema's owner)", have, want)
+	}
+	return nil
+}
+
+// Latest returns the version of the newest embedded migration.
+func Latest() (int64, error) {
+	names, err := fs.Glob(migrations.FS, "*.sql")
+	if err != nil {
+		return 0, err
+	}
+	var latest int64
+	for _, name := range names {
+		v, err := goose.NumericComponent(name)
+		if err != nil {
+			return 0, fmt.Errorf("migration %s: %w", name, err)
+		}
+		latest = max(latest, v)
+	}
+	return latest, nil
 }

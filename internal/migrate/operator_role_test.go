@@ -44,7 +44,8 @@ func TestOperatorRole(t *testing.T) {
 	defer func() { _ = op.Close(context.WithoutCancel(ctx)) }()
 
 	for _, view := range []string{"inbox", "inbox_overview", "inbox_dead", "inbox_held_back", "order_confirmations",
-		"stock", "stock_reservations", "stock_overview", "outbox", "outbox_backlog"} {
+		"stock", "stock_reservations", "stock_overview", "outbox", "outbox_backlog",
+		"inbox_attempts", "inbox_conflicts", "inbox_dead_by_error", "inbox_failures_by_build", "inbox_throughput"} {
 		_, err := op.Exec(ctx, "SELECT * FROM "+view+" LIMIT 1")
 		require.NoError(t, err, "the operator reads %s", view)
 	}
@@ -66,6 +67,11 @@ func TestOperatorRole(t *testing.T) {
 		"DELETE FROM outbox",
 		"UPDATE order_confirmations SET status = 'cancelled'",
 		"TRUNCATE inbox",
+		"DELETE FROM inbox_attempts",
+		"UPDATE inbox_attempts SET outcome = 'processed'",
+		"DELETE FROM inbox_conflicts",
+		"UPDATE inbox SET claimed_by = 'me'",
+		"CREATE TABLE sneaky (id int)",
 	} {
 		_, err := op.Exec(ctx, stmt)
 		var pgErr *pgconn.PgError

@@ -1,0 +1,124 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"net/url"
+	"os/exec"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
+
+	"github.com/orderconfirm/inboxd/internal/loadgen"
+	"github.com/orderconfirm/inboxd/internal/testenv"
+)
+
+// loginAs creates a login role for this test only, member of group, and
+// returns a database URL that connects as it.
+func loginAs(t *testing.T, db *testenv.DB, group string) string {
+	t.Helper()
+	ctx := context.WithoutCancel(t.Context())
+	login := group + "_" + db.Schema
+	_, err := db.Pool.Exec(ctx, "CREATE ROLE "+login+" LOGIN PASSWORD 'pw' IN ROLE "+group)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = db.Pool.Exec(ctx, "DROP ROLE IF EXISTS "+login) })
+	u, err := url.Parse(db.URL)
+	require.NoError(t, err)
+	u.User = url.UserPassword(login, "pw")
+	return u.String()
+}
+
+func requirePermissionDenied(t *testing.T, conn *pgx.Conn, statements ...string) {
+	t.Helper()
+	for _, stmt := range statements {
+		_, err := conn.Exec(t.Context(), stmt)
+		var pgErr *pgconn.PgError
+		require.True(t, errors.As(err, &pgErr), "%s: %v", stmt, err)
+		require.Equal(t, "42501", pgErr.Code, "%s is refused with permission denied (%s)", stmt, pgErr.Message)
+	}
+}
+
+// Acceptance: after migrating as the owner, inboxd serves as a role without
+// DDL rights: it ingests, handles, publishes and cleans up, and the role can
+// create, alter, drop or truncate nothing.
+func TestServeAsTheServiceRole(t *testing.T) {
+	t.Parallel()
+	b := setup(t) // migrated by the schema's owner
+	serviceURL := loginAs(t, b.db, "inbox_service")
+
+	// The janitor runs too, with a retention of two seconds, so the role's
+	// deletes are exercised.
+	runInProcess(t, serviceEnv(b.db, b.broker, "DATABASE_URL="+serviceURL, "INBOX_MIGRATE=false",
+		"INBOX_DEDUPE_WINDOW=1s", "INBOX_RETENTION=2s", "INBOX_DEAD_RETENTION=2s", "INBOX_JANITOR_INTERVAL=500ms"))
+	w := loadgen.Generate(loadgen.Spec{Orders: 200, DuplicateRate: 0.2, Seed: 11})
+	require.NoError(t, loadgen.Publish(t.Context(), b.broker.URL, w.Messages, 100))
+
+	require.Eventually(t, func() bool {
+		return b.count(t, "SELECT count(*) FROM order_confirmations WHERE status = 'confirmed'") == len(w.OrderIDs)
+	}, 60*time.Second, 50*time.Millisecond, "every order confirmed")
+	// Each confirmed order publishes order.confirmed and email.requested.
+	timeout := time.After(60 * time.Second)
+	for len(b.seen) < 2*len(w.OrderIDs) {
+		select {
+		case d := <-b.events:
+			require.NoError(t, d.Ack(false))
+			b.seen[d.MessageId]++
+		case <-timeout:
+			t.Fatalf("%d of %d events arrived", len(b.seen), 2*len(w.OrderIDs))
+		}
+	}
+	require.Eventually(t, func() bool {
+		return b.count(t, "SELECT count(*) FROM inbox") == 0 &&
+			b.count(t, "SELECT count(*) FROM inbox_attempts") == 0 &&
+			b.count(t, "SELECT count(*) FROM outbox") == 0
+	}, 30*time.Second, 100*time.Millisecond, "the janitor deleted what was past its retention")
+	require.Equal(t, len(w.OrderIDs), b.count(t, "SELECT count(*) FROM order_confirmations"), "the domain's rows stay")
+
+	conn, err := pgx.Connect(t.Context(), serviceURL)
+	require.NoError(t, err)
+	defer func() { _ = conn.Close(context.WithoutCancel(t.Context())) }()
+	requirePermissionDenied(t, conn,
+		"CREATE TABLE sneaky (id int)",
+		"DROP TABLE inbox",
+		"TRUNCATE inbox",
+		"ALTER TABLE inbox ADD COLUMN sneaky int",
+		"CREATE INDEX sneaky_idx ON inbox (message_type)",
+		"DROP VIEW inbox_overview",
+		"ALTER TABLE inbox DISABLE TRIGGER inbox_replay_update",
+		"DELETE FROM goose_db_version",
+	)
+}
+
+// serve without migrating refuses a schema that is behind this build, and
+// says what to do.
+func TestServeWithoutMigratingChecksTheSchema(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	_, err := db.Pool.Exec(t.Context(), "CREATE SCHEMA "+db.Schema+"_empty")
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		_, _ = db.Pool.Exec(context.WithoutCancel(t.Context()), "DROP SCHEMA "+db.Schema+"_empty CASCADE")
+	})
+	u, err := url.Parse(db.URL)
+	require.NoError(t, err)
+	q := u.Query()
+	q.Set("search_path", db.Schema+"_empty")
+	u.RawQuery = q.Encode()
+
+	cmd := exec.Command(inboxdPath, "serve")
+	cmd.Env = []string{"DATABASE_URL=" + u.String(), "AMQP_URL=amqp://guest:guest@127.0.0.1:1/", "INBOX_MIGRATE=false"}
+	out, err := cmd.CombinedOutput()
+	require.Error(t, err)
+	require.Contains(t, string(out), "the schema is not migrated: run inboxd migrate")
+
+	_, err = db.Pool.Exec(t.Context(), "UPDATE goose_db_version SET is_applied = false WHERE version_id = (SELECT max(version_id) FROM goose_db_version)")
+	require.NoError(t, err)
+	cmd = exec.Command(inboxdPath, "serve")
+	cmd.Env = []string{"DATABASE_URL=" + db.URL, "AMQP_URL=amqp://guest:guest@127.0.0.1:1/", "INBOX_MIGRATE=false"}
+	out, err = cmd.CombinedOutput()
+	require.Error(t, err)
+	require.Regexp(t, `the schema is at migration \d+, this build needs \d+: run inboxd migrate`, string(out))
+}
