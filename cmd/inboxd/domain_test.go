@@ -167,6 +167,18 @@ func TestReplayUnderLoadDoublesNothing(t *testing.T) {
 	require.Equal(t, 110, b.count(t, "SELECT count(*) FROM inbox WHERE replay_count = 1 AND replayed_by IS NOT NULL AND replay_reason = 'audit'"))
 	require.Equal(t, 100, b.count(t, "SELECT count(*) FROM inbox WHERE result LIKE 'replay: %' AND status = 'processed'"))
 	require.Equal(t, 10, b.count(t, "SELECT count(*) FROM inbox WHERE message_id LIKE 'bad-%' AND status = 'dead'"), "still invalid, dead again")
+	// The attempt history holds both runs of every replayed message, made
+	// by this build.
+	require.Equal(t, 100, b.count(t, `
+		SELECT count(*) FROM inbox i
+		WHERE i.replay_count = 1 AND i.status = 'processed'
+		  AND (SELECT array_agg(format('%s/%s %s %s', a.run, a.attempt, a.outcome, a.build) ORDER BY a.run)
+		       FROM inbox_attempts a WHERE a.inbox_id = i.id) = ARRAY['0/1 processed `+testBuild+`', '1/1 processed `+testBuild+`']`))
+	require.Equal(t, 10, b.count(t, `
+		SELECT count(*) FROM inbox i
+		WHERE i.message_id LIKE 'bad-%'
+		  AND (SELECT array_agg(format('%s/%s %s', a.run, a.attempt, a.outcome) ORDER BY a.run)
+		       FROM inbox_attempts a WHERE a.inbox_id = i.id) = ARRAY['0/1 dead', '1/1 dead']`))
 	require.Equal(t, orderRows+len(second.OrderIDs), b.count(t, "SELECT count(*) FROM order_confirmations"), "no order recorded twice")
 	require.Equal(t, outboxRows+2*len(second.OrderIDs), b.count(t, "SELECT count(*) FROM outbox"), "no effect written twice")
 	b.requireStockAddsUp(t)

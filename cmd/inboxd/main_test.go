@@ -22,6 +22,9 @@ import (
 // itself on messages of type "test.crash".
 var inboxdPath, crashingInboxdPath string
 
+// testBuild is the build name of the inboxd binaries the tests run.
+const testBuild = "test-build"
+
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "inboxd-test-")
 	if err != nil {
@@ -31,7 +34,7 @@ func TestMain(m *testing.M) {
 	inboxdPath = filepath.Join(dir, "inboxd")
 	crashingInboxdPath = filepath.Join(dir, "inboxd-crashtest")
 	for path, tags := range map[string]string{inboxdPath: "", crashingInboxdPath: "crashtest"} {
-		args := []string{"build", "-tags", tags, "-o", path}
+		args := []string{"build", "-tags", tags, "-ldflags", "-X main.version=" + testBuild, "-o", path}
 		if raceEnabled {
 			args = append(args, "-race")
 		}

@@ -76,26 +76,35 @@ func TestMetricsAndReadiness(t *testing.T) {
 
 	w := loadgen.Generate(loadgen.Spec{Orders: 100, Seed: 14})
 	msgs := append(w.Messages, w.Messages[:20]...) // 20 redeliveries
+	for _, m := range w.Messages[20:25] {           // 5 conflicting duplicates
+		m.Body = append([]byte(`{"changed":true,`), m.Body[1:]...)
+		msgs = append(msgs, m)
+	}
 	msgs = append(msgs, loadgen.Message{MessageID: "bad", RoutingKey: "order.created", Body: []byte(`{"orderId":`)})
 	require.NoError(t, loadgen.Publish(t.Context(), b.broker.URL, msgs, 100))
 	require.NoError(t, loadgen.Publish(t.Context(), b.broker.URL, []loadgen.Message{{RoutingKey: "order.created", Body: []byte(`{}`)}}, 1))
 	b.waitDrained(t, 101, 30*time.Second)
 	b.requireEventsOnce(t)
+	// Three processed messages replayed.
+	_, err = b.db.Pool.Exec(t.Context(), `UPDATE inbox SET replay_requested = true
+		WHERE id IN (SELECT id FROM inbox WHERE status = 'processed' ORDER BY id LIMIT 3)`)
+	require.NoError(t, err)
 
 	want := map[string]float64{
 		"inbox_received_total":                     101,
-		"inbox_duplicates_total":                   20,
+		"inbox_duplicates_total":                   25,
+		"inbox_conflicting_duplicates_total":       5,
 		"inbox_dead_lettered_total":                1,
-		`inbox_handled_total{outcome="processed"}`: 100,
+		`inbox_handled_total{outcome="processed"}`: 103,
 		`inbox_handled_total{outcome="dead"}`:      1,
 		`inbox_handled_total{outcome="retried"}`:   0,
-		"inbox_replays_total":                      0,
+		"inbox_replays_total":                      3,
 		"outbox_published_total":                   200,
 		"inbox_pending":                            0,
 		"inbox_dead":                               1,
 		"outbox_backlog":                           0,
 		"inbox_database_up":                        1,
-		"inbox_end_to_end_seconds_count":           100,
+		"inbox_end_to_end_seconds_count":           103,
 	}
 	require.Eventually(t, func() bool {
 		got := scrape(t, addr)
@@ -115,6 +124,7 @@ func TestMetricsAndReadiness(t *testing.T) {
 	}())
 	got := scrape(t, addr)
 	require.Positive(t, got["inbox_ingest_batch_size_count"])
+	require.Equal(t, 1.0, got[`inboxd_build_info{build="`+testBuild+`"}`], "the build is named")
 	require.Positive(t, got["inbox_handler_batch_seconds_count"])
 
 	proxy.stop()
