@@ -76,7 +76,7 @@ func TestMetricsAndReadiness(t *testing.T) {
 
 	w := loadgen.Generate(loadgen.Spec{Orders: 100, Seed: 14})
 	msgs := append(w.Messages, w.Messages[:20]...) // 20 redeliveries
-	for _, m := range w.Messages[20:25] {           // 5 conflicting duplicates
+	for _, m := range w.Messages[20:25] {          // 5 conflicting duplicates
 		m.Body = append([]byte(`{"changed":true,`), m.Body[1:]...)
 		msgs = append(msgs, m)
 	}
