@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
@@ -133,13 +132,10 @@ func TestConsumer(t *testing.T) {
 		require.NoError(t, b.db.Pool.QueryRow(t.Context(), "SELECT payload FROM inbox WHERE message_id = 'c-1'").Scan(&payload))
 		require.Equal(t, first, payload, "the first payload stays the one handled")
 
-		rows, err := b.db.Pool.Query(t.Context(), `
+		recorded := b.db.Strings(t, `
 			SELECT format('%s %s %s %s', message_id, stored_sha256 = encode(sha256($1::bytea), 'hex'),
 			              conflicting_sha256 = encode(sha256(conflicting_payload), 'hex'), deliveries)
 			FROM inbox_conflicts ORDER BY message_id, deliveries DESC`, first)
-		require.NoError(t, err)
-		recorded, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		require.NoError(t, err)
 		require.Equal(t, []string{"c-1 t t 2", "c-1 t t 1", "c-2 t t 1"}, recorded)
 	})
 

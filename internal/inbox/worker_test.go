@@ -136,18 +136,11 @@ func readRow(t *testing.T, pool *pgxpool.Pool, messageID string) inboxRow {
 	return r
 }
 
-// attemptHistory lists a message's attempts as "attempt outcome process
+// attemptHistorySQL lists a message's attempts as "attempt outcome process
 // build", in order.
-func attemptHistory(t *testing.T, pool *pgxpool.Pool, messageID string) []string {
-	t.Helper()
-	rows, err := pool.Query(t.Context(), `
-		SELECT format('%s %s %s %s', attempt, outcome, process, build)
-		FROM inbox_attempts WHERE message_id = $1 ORDER BY run, attempt`, messageID)
-	require.NoError(t, err)
-	history, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	require.NoError(t, err)
-	return history
-}
+const attemptHistorySQL = `
+	SELECT format('%s %s %s %s', attempt, outcome, process, build)
+	FROM inbox_attempts WHERE message_id = $1 ORDER BY run, attempt`
 
 func countEffects(t *testing.T, pool *pgxpool.Pool) int {
 	t.Helper()
@@ -402,8 +395,8 @@ func TestWorkerFailureIsBounded(t *testing.T) {
 			"2 abandoned host/2 v1",
 			"3 abandoned host/3 v1",
 			"4 dead host/9 v2",
-		}, attemptHistory(t, b.db.Pool, "m-0"))
-		require.Equal(t, []string{"1 processed host/9 v2"}, attemptHistory(t, b.db.Pool, "m-1"))
+		}, b.db.Strings(t, attemptHistorySQL, "m-0"))
+		require.Equal(t, []string{"1 processed host/9 v2"}, b.db.Strings(t, attemptHistorySQL, "m-1"))
 	})
 
 	t.Run("AClaimedMessageIsLeftAloneDuringItsLease", func(t *testing.T) {

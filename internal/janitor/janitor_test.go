@@ -32,13 +32,6 @@ func exec(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) {
 	require.NoError(t, err)
 }
 
-func count(t *testing.T, pool *pgxpool.Pool, sql string) int {
-	t.Helper()
-	var n int
-	require.NoError(t, pool.QueryRow(context.WithoutCancel(t.Context()), sql).Scan(&n))
-	return n
-}
-
 // seedMessage stores one message in the given status, processed (or died)
 // age ago, with one attempt in its history.
 func seedMessage(t *testing.T, pool *pgxpool.Pool, id, status string, age time.Duration) {
@@ -94,21 +87,13 @@ func TestJanitorDeletesOnlyWhatIsPastItsRetention(t *testing.T) {
 	require.Equal(t, janitor.Result{janitor.RowsProcessed: 1, janitor.RowsDead: 1, janitor.RowsPublished: 1, janitor.RowsConflicts: 1}, res)
 	require.Equal(t, map[string]int{janitor.RowsProcessed: 1, janitor.RowsDead: 1, janitor.RowsPublished: 1, janitor.RowsConflicts: 1}, observed)
 
-	var left []string
-	rows, err := db.Pool.Query(t.Context(), "SELECT message_id FROM inbox ORDER BY message_id")
-	require.NoError(t, err)
-	for rows.Next() {
-		var id string
-		require.NoError(t, rows.Scan(&id))
-		left = append(left, id)
-	}
-	require.NoError(t, rows.Err())
-	require.Equal(t, []string{"dead-past-retention", "pending-old", "processed-young"}, left)
-	require.Zero(t, count(t, db.Pool, "SELECT count(*) FROM inbox_attempts WHERE message_id IN ('processed-old', 'dead-old')"),
+	require.Equal(t, []string{"dead-past-retention", "pending-old", "processed-young"},
+		db.Strings(t, "SELECT message_id FROM inbox ORDER BY message_id"))
+	require.Zero(t, db.Int(t, "SELECT count(*) FROM inbox_attempts WHERE message_id IN ('processed-old', 'dead-old')"),
 		"the history goes with its message")
-	require.Equal(t, 3, count(t, db.Pool, "SELECT count(*) FROM inbox_attempts"))
-	require.Equal(t, 2, count(t, db.Pool, "SELECT count(*) FROM outbox"), "unpublished rows stay")
-	require.Equal(t, 1, count(t, db.Pool, "SELECT count(*) FROM inbox_conflicts"))
+	require.Equal(t, 3, db.Int(t, "SELECT count(*) FROM inbox_attempts"))
+	require.Equal(t, 2, db.Int(t, "SELECT count(*) FROM outbox"), "unpublished rows stay")
+	require.Equal(t, 1, db.Int(t, "SELECT count(*) FROM inbox_conflicts"))
 
 	res, err = j.RunOnce(t.Context())
 	require.NoError(t, err)
@@ -219,11 +204,11 @@ func TestJanitorOnAMillionRows(t *testing.T) {
 		"the two janitors together deleted every row past the window, and no row twice")
 	require.Positive(t, results[0][janitor.RowsProcessed], "both janitors took part")
 	require.Positive(t, results[1][janitor.RowsProcessed], "both janitors took part")
-	require.Equal(t, total-old, count(t, db.Pool, "SELECT count(*) FROM inbox WHERE message_id LIKE 'seed-%'"))
-	require.Zero(t, count(t, db.Pool, "SELECT count(*) FROM inbox WHERE processed_at < now() - interval '7 days'"))
-	require.Equal(t, total-old, count(t, db.Pool, "SELECT count(*) FROM inbox_attempts"), "the history went with its messages")
+	require.Equal(t, total-old, db.Int(t, "SELECT count(*) FROM inbox WHERE message_id LIKE 'seed-%'"))
+	require.Zero(t, db.Int(t, "SELECT count(*) FROM inbox WHERE processed_at < now() - interval '7 days'"))
+	require.Equal(t, total-old, db.Int(t, "SELECT count(*) FROM inbox_attempts"), "the history went with its messages")
 	// An insert cut off by the end of its phase may have committed too.
-	ingested := count(t, db.Pool, "SELECT count(*) FROM inbox WHERE message_id NOT LIKE 'seed-%'")
+	ingested := db.Int(t, "SELECT count(*) FROM inbox WHERE message_id NOT LIKE 'seed-%'")
 	require.GreaterOrEqual(t, ingested, 500*(len(during)+len(after)), "the janitors deleted no new message")
 
 	t.Logf("deleted %d rows in %d batches of up to 1000 by 2 janitors in %s (%.0f rows/s); batch p50 %s, p99 %s, max %s",

@@ -1,7 +1,6 @@
 package migrate_test
 
 import (
-	"context"
 	"testing"
 
 	"github.com/jackc/pgx/v5"
@@ -76,15 +75,6 @@ func queryOne(t *testing.T, db *testenv.DB, query string) map[string]any {
 	return row
 }
 
-func queryStrings(t *testing.T, db *testenv.DB, query string) []string {
-	t.Helper()
-	rows, err := db.Pool.Query(context.WithoutCancel(t.Context()), query)
-	require.NoError(t, err)
-	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	require.NoError(t, err)
-	return out
-}
-
 // Acceptance: each view returns the right answer on a database seeded with
 // known states.
 func TestViewsOnKnownStates(t *testing.T) {
@@ -119,17 +109,17 @@ func TestViewsOnKnownStates(t *testing.T) {
 			"dead-sku2 10 unknown SKU host/1 b2",
 			"dead-sku 10 unknown SKU host/1 b2",
 			"dead-json 1 invalid JSON host/1 b1",
-		}, queryStrings(t, db, "SELECT format('%s %s %s %s %s', message_id, attempts, last_error, last_process, last_build) FROM inbox_dead"))
+		}, db.Strings(t, "SELECT format('%s %s %s %s %s', message_id, attempts, last_error, last_process, last_build) FROM inbox_dead"))
 	})
 
 	t.Run("inbox_dead_by_error", func(t *testing.T) {
 		require.Equal(t, []string{"unknown SKU 2 {order.created}", "invalid JSON 1 {order.created}"},
-			queryStrings(t, db, "SELECT format('%s %s %s', last_error, messages, message_types) FROM inbox_dead_by_error"))
+			db.Strings(t, "SELECT format('%s %s %s', last_error, messages, message_types) FROM inbox_dead_by_error"))
 	})
 
 	t.Run("inbox_failures_by_build", func(t *testing.T) {
 		require.Equal(t, []string{"b2 retry 2 1", "b2 dead 2 2", "b2 abandoned 1 1", "b1 dead 1 1"},
-			queryStrings(t, db, "SELECT format('%s %s %s %s', build, outcome, attempts, messages) FROM inbox_failures_by_build"))
+			db.Strings(t, "SELECT format('%s %s %s %s', build, outcome, attempts, messages) FROM inbox_failures_by_build"))
 	})
 
 	t.Run("inbox_throughput", func(t *testing.T) {
@@ -142,7 +132,7 @@ func TestViewsOnKnownStates(t *testing.T) {
 
 	t.Run("inbox_held_back", func(t *testing.T) {
 		require.Equal(t, []string{"o-9 dead-sku dead 1"},
-			queryStrings(t, db, "SELECT format('%s %s %s %s', order_key, blocking_message_id, blocking_status, held_messages) FROM inbox_held_back"))
+			db.Strings(t, "SELECT format('%s %s %s %s', order_key, blocking_message_id, blocking_status, held_messages) FROM inbox_held_back"))
 	})
 
 	t.Run("outbox_backlog", func(t *testing.T) {
@@ -152,7 +142,7 @@ func TestViewsOnKnownStates(t *testing.T) {
 
 	t.Run("stock_overview", func(t *testing.T) {
 		require.Equal(t, []string{"SKU-1 7 5 2", "SKU-2 0 0 0"},
-			queryStrings(t, db, "SELECT format('%s %s %s %s', sku, available, reserved, orders) FROM stock_overview ORDER BY sku"))
+			db.Strings(t, "SELECT format('%s %s %s %s', sku, available, reserved, orders) FROM stock_overview ORDER BY sku"))
 	})
 
 	t.Run("replay of everything a build failed is one statement", func(t *testing.T) {
@@ -163,7 +153,7 @@ func TestViewsOnKnownStates(t *testing.T) {
 		require.NoError(t, err)
 		require.EqualValues(t, 2, tag.RowsAffected())
 		require.Equal(t, []string{"dead-sku pending 1 b2 fixed in b3", "dead-sku2 pending 1 b2 fixed in b3"},
-			queryStrings(t, db, `SELECT format('%s %s %s %s', message_id, status, replay_count, replay_reason)
+			db.Strings(t, `SELECT format('%s %s %s %s', message_id, status, replay_count, replay_reason)
 			                     FROM inbox WHERE replay_reason LIKE 'b2%' ORDER BY message_id`))
 	})
 }

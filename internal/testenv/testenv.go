@@ -214,6 +214,24 @@ func NewDB(tb testing.TB) *DB {
 	return &DB{Schema: schema, URL: dbURL, Pool: pool}
 }
 
+// Strings runs query and returns its rows' single text column.
+func (db *DB) Strings(tb testing.TB, query string, args ...any) []string {
+	tb.Helper()
+	rows, err := db.Pool.Query(context.WithoutCancel(tb.Context()), query, args...)
+	require.NoError(tb, err)
+	out, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(tb, err)
+	return out
+}
+
+// Int runs query and returns its single integer value.
+func (db *DB) Int(tb testing.TB, query string, args ...any) int {
+	tb.Helper()
+	var n int
+	require.NoError(tb, db.Pool.QueryRow(context.WithoutCancel(tb.Context()), query, args...).Scan(&n))
+	return n
+}
+
 func dropSchema(databaseURL, schema string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
