@@ -60,6 +60,11 @@ endif
 test-disruptive: ## Restart PostgreSQL and RabbitMQ under load (local services only; make test runs it when TEST_DATABASE_URL is set)
 	TEST_DISRUPTIVE=1 $(GO) test -count=1 -timeout 10m -run '^TestDisruptive' -v ./cmd/inboxd/
 
+.PHONY: chaos
+chaos: ## Two inboxd processes, 20,000 orders, kills and disconnections at random; prints a summary table
+	CHAOS_ORDERS=$(or $(CHAOS_ORDERS),20000) $(GO) test -count=1 -timeout 20m -run '^TestChaos$$' -v ./cmd/inboxd/ \
+		| grep -v '^=== \|^        {'
+
 .PHONY: test-race
 test-race: $(SQLC) ## Run every test with the race detector (-short: not the million-row measurement)
 	SQLC=$(SQLC) $(GO) test -race -short -count=1 -timeout 15m ./...
