@@ -116,7 +116,9 @@ WITH u AS (
         replay_requested = false,
         result          = nullif(u.result, ''),
         last_error      = nullif(u.last_error, ''),
-        processed_at    = CASE WHEN u.status = 'pending' THEN NULL ELSE now() END,
+        -- When the outcome was recorded, after the handler ran (now() would
+        -- be the start of the transaction).
+        processed_at    = CASE WHEN u.status = 'pending' THEN NULL ELSE statement_timestamp() END,
         next_attempt_at = CASE WHEN u.status = 'pending'
                                THEN now() + u.retry_delay_ms * interval '1 millisecond'
                                ELSE inbox.next_attempt_at END
@@ -124,11 +126,11 @@ WITH u AS (
     WHERE inbox.id = u.id
     RETURNING inbox.id, inbox.replay_count, inbox.attempts, inbox.message_id
 )
-INSERT INTO inbox_attempts (inbox_id, run, attempt, message_id, outcome, error, result, process, build, started_at)
+INSERT INTO inbox_attempts (inbox_id, run, attempt, message_id, outcome, error, result, process, build, started_at, finished_at)
 SELECT done.id, done.replay_count, done.attempts, done.message_id,
        CASE u.status WHEN 'pending' THEN 'retry' ELSE u.status END,
        nullif(u.last_error, ''), nullif(u.result, ''),
-       sqlc.arg(process)::text, sqlc.arg(build)::text, started.claimed_at
+       sqlc.arg(process)::text, sqlc.arg(build)::text, started.claimed_at, statement_timestamp()
 FROM done
 JOIN u ON u.id = done.id
 -- The rows as they were before this statement: when the attempt began.

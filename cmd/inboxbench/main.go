@@ -1,14 +1,27 @@
-// Command inboxbench measures inboxd end to end on this machine: it runs a
-// real inboxd process against a fresh schema and RabbitMQ virtual host,
-// stocks the SKUs, publishes order.created messages (persistent, with
-// publisher confirms) and times how long they take to be processed, and for
-// their events (order.confirmed, email.requested) to be published.
+// Command inboxbench is the benchmark suite: on this machine's PostgreSQL
+// and RabbitMQ, each scenario in a fresh schema and virtual host, it
+// measures
+//
+//  1. the core path (ingest and workers in this process, a handler that
+//     does nothing): messages per second from publish to processed;
+//  2. the whole domain: a real inboxd process, orders per second to the last
+//     event published;
+//  3. ingest alone and the workers alone;
+//  4. latency from publish to processed commit at a steady rate (p50, p99,
+//     p99.9), and
+//  5. inboxd's memory over that run;
+//  6. the claim's cost as processed rows pile up (0, 1M, 10M);
+//  7. the same messages through the broker alone, acked and nothing else:
+//     the ceiling (1) is compared with.
+//
+// Messages are persistent and published with confirms to a quorum queue.
 //
 // Usage:
 //
-//	inboxbench -inboxd bin/inboxd [-messages 100000] [-publishers 4]
+//	inboxbench -inboxd bin/inboxd [-only core,domain] [-messages 100000]
 //
-// `make bench` builds both binaries and runs it against the local services.
+// `make bench` builds both binaries and runs the whole suite against the
+// local services; BENCHMARKS.md holds its results and method.
 package main
 
 import (
@@ -25,6 +38,8 @@ import (
 	"os/exec"
 	"os/signal"
 	"runtime"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"text/tabwriter"
@@ -33,7 +48,6 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/orderconfirm/inboxd/internal/inbox"
 	"github.com/orderconfirm/inboxd/internal/loadgen"
 	"github.com/orderconfirm/inboxd/internal/migrate"
 	"github.com/orderconfirm/inboxd/internal/rabbitadmin"
@@ -49,22 +63,40 @@ func main() {
 }
 
 type options struct {
-	inboxd      string
-	databaseURL string
-	amqpURL     string
-	adminURL    string
-	messages    int
-	publishers  int
-	window      int
-	timeout     time.Duration
-	keep        bool
-	preload     bool
-	skus        int
-	serviceEnv  string
+	inboxd         string
+	databaseURL    string
+	amqpURL        string
+	adminURL       string
+	messages       int
+	publishers     int
+	window         int
+	timeout        time.Duration
+	keep           bool
+	preload        bool
+	skus           int
+	serviceEnv     string
+	only           []string
+	steadyRate     float64
+	steadyDuration time.Duration
+	claimRows      []int
+}
+
+// scenarios lists what the suite measures, in the order it runs them.
+var scenarios = []struct {
+	name string
+	run  func(context.Context, *options, *report) error
+}{
+	{"core", benchCore},
+	{"passthrough", benchPassthrough},
+	{"split", benchIngestAndWorker},
+	{"domain", benchDomain},
+	{"steady", benchSteady},
+	{"claim", benchClaim},
 }
 
 func run(ctx context.Context, args []string, stdout io.Writer) error {
 	var o options
+	var only, claimRows string
 	fs := flag.NewFlagSet("inboxbench", flag.ContinueOnError)
 	fs.StringVar(&o.inboxd, "inboxd", "bin/inboxd", "path of the inboxd binary to measure")
 	fs.StringVar(&o.databaseURL, "database-url", cmp.Or(os.Getenv("DATABASE_URL"), "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"), "PostgreSQL URL; a fresh schema is created in this database")
@@ -73,67 +105,111 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.IntVar(&o.messages, "messages", 100_000, "order.created messages to publish, one order each")
 	fs.IntVar(&o.publishers, "publishers", 4, "publishing connections")
 	fs.IntVar(&o.window, "window", 500, "unconfirmed publishes per publisher")
-	fs.DurationVar(&o.timeout, "timeout", 10*time.Minute, "give up after this long")
-	fs.BoolVar(&o.keep, "keep", false, "keep the schema and virtual host afterwards")
+	fs.DurationVar(&o.timeout, "timeout", time.Hour, "give up after this long")
+	fs.BoolVar(&o.keep, "keep", false, "keep the schemas and virtual hosts afterwards")
 	fs.IntVar(&o.skus, "skus", 1000, "distinct SKUs the orders draw from (each stocked so that no order is rejected)")
-	fs.BoolVar(&o.preload, "preload", false, "publish everything before starting inboxd, and time how fast it drains the queue")
+	fs.BoolVar(&o.preload, "preload", false, "domain: publish everything before starting inboxd, and time how fast it drains the queue")
 	fs.StringVar(&o.serviceEnv, "env", "", "extra environment for inboxd, comma-separated KEY=VALUE pairs")
+	fs.StringVar(&only, "only", "", "comma-separated scenarios to run: core, passthrough, split, domain, steady, claim (default: all)")
+	fs.Float64Var(&o.steadyRate, "steady-rate", 1000, "steady: messages per second")
+	fs.DurationVar(&o.steadyDuration, "steady-duration", 5*time.Minute, "steady: how long to publish")
+	fs.StringVar(&claimRows, "claim-rows", "0,1000000,10000000", "claim: processed rows in the inbox at each measurement, ascending")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
+	if only != "" {
+		o.only = strings.Split(only, ",")
+	}
+	for _, v := range strings.Split(claimRows, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(v))
+		if err != nil || n < 0 || (len(o.claimRows) > 0 && n < o.claimRows[len(o.claimRows)-1]) {
+			return fmt.Errorf("-claim-rows: want ascending counts, got %q", claimRows)
+		}
+		o.claimRows = append(o.claimRows, n)
+	}
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
-	return bench(ctx, &o, stdout)
+
+	r := &report{}
+	if err := r.describeMachine(ctx, &o); err != nil {
+		return err
+	}
+	for _, sc := range scenarios {
+		if o.only != nil && !slices.Contains(o.only, sc.name) {
+			continue
+		}
+		fmt.Fprintf(os.Stderr, "inboxbench: %s...\n", sc.name)
+		started := time.Now()
+		if err := sc.run(ctx, &o, r); err != nil {
+			return fmt.Errorf("%s: %w", sc.name, err)
+		}
+		fmt.Fprintf(os.Stderr, "inboxbench: %s took %s\n", sc.name, time.Since(started).Round(time.Second))
+	}
+	return r.print(stdout)
 }
 
-func bench(ctx context.Context, o *options, stdout io.Writer) error {
-	name := fmt.Sprintf("bench_%d", time.Now().Unix())
-	dbURL, cleanupDB, err := createSchema(ctx, o.databaseURL, name)
-	if err != nil {
-		return err
-	}
-	amqpURL, cleanupBroker, err := createVhost(ctx, o.amqpURL, o.adminURL, name)
-	if err != nil {
-		cleanupDB()
-		return err
-	}
-	if !o.keep {
-		defer cleanupDB()
-		defer cleanupBroker()
-	}
-	if err := loadgen.DeclareTopology(amqpURL, inbox.QueueTypeQuorum); err != nil {
-		return fmt.Errorf("declare topology: %w", err)
-	}
+// report collects the suite's results, one row each.
+type report struct {
+	rows              [][2]string
+	core, passthrough float64
+}
 
-	pool, err := pgxpool.New(ctx, dbURL)
+func (r *report) add(name, format string, args ...any) {
+	r.rows = append(r.rows, [2]string{name, fmt.Sprintf(format, args...)})
+}
+
+func (r *report) describeMachine(ctx context.Context, o *options) error {
+	conn, err := pgx.Connect(ctx, o.databaseURL)
+	if err != nil {
+		return fmt.Errorf("connect to PostgreSQL: %w", err)
+	}
+	defer func() { _ = conn.Close(ctx) }()
+	var pgVersion, fsync, syncCommit string
+	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version'), current_setting('fsync'), current_setting('synchronous_commit')").
+		Scan(&pgVersion, &fsync, &syncCommit); err != nil {
+		return err
+	}
+	r.add("machine", "%d CPUs, %s %s/%s; PostgreSQL %s (fsync %s, synchronous_commit %s); persistent messages, publisher confirms, quorum queue",
+		runtime.NumCPU(), runtime.Version(), runtime.GOOS, runtime.GOARCH, pgVersion, fsync, syncCommit)
+	return nil
+}
+
+func (r *report) print(w io.Writer) error {
+	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', 0)
+	for _, row := range r.rows {
+		fmt.Fprintf(tw, "%s\t%s\n", row[0], row[1])
+	}
+	return tw.Flush()
+}
+
+// benchDomain measures (2): orders per second through a real inboxd process
+// with the orders handler, from the first publish to the last event
+// published.
+func benchDomain(ctx context.Context, o *options, r *report) error {
+	e, err := newEnv(ctx, o, "domain")
 	if err != nil {
 		return err
 	}
-	defer pool.Close()
-	w := loadgen.Generate(loadgen.Spec{Orders: o.messages, Seed: 1, Prefix: name, SKUs: o.skus})
-	if err := seedStock(ctx, pool, o.skus); err != nil {
-		return err
-	}
+	defer e.close()
+	w := loadgen.Generate(loadgen.Spec{Orders: o.messages, Seed: 1, Prefix: e.name, SKUs: o.skus})
 
 	var start time.Time
 	var publishTook time.Duration
 	published := make(chan error, 1)
 	publish := func() {
 		started := time.Now()
-		err := loadgen.PublishParallel(ctx, amqpURL, w.Messages, o.publishers, o.window)
+		err := loadgen.PublishParallel(ctx, e.amqpURL, w.Messages, o.publishers, o.window)
 		publishTook = time.Since(started)
 		published <- err
 	}
 	if o.preload {
-		fmt.Fprintf(stdout, "publishing %d messages on %d connections before inboxd starts\n", len(w.Messages), o.publishers)
 		publish()
 	}
-
 	httpAddr, err := freeAddr()
 	if err != nil {
 		return err
 	}
-	svc, err := startInboxd(o, dbURL, amqpURL, httpAddr, name)
+	svc, err := startInboxd(o, e.dbURL, e.amqpURL, httpAddr, e.name)
 	if err != nil {
 		return err
 	}
@@ -145,37 +221,30 @@ func bench(ctx context.Context, o *options, stdout io.Writer) error {
 		return err
 	}
 	if !o.preload {
-		fmt.Fprintf(stdout, "publishing %d messages on %d connections; inboxd pid %d, HTTP on %s\n", len(w.Messages), o.publishers, svc.cmd.Process.Pid, httpAddr)
 		start = time.Now()
 		go publish()
 	}
-	if err := waitProcessed(ctx, pool, w.UniqueMessageIDs); err != nil {
+	if err := waitCount(ctx, e.pool, "SELECT count(*) FROM inbox WHERE status = 'processed'", w.UniqueMessageIDs); err != nil {
 		return err
 	}
 	took := time.Since(start)
 	// Every order is confirmed: an order.confirmed and an email.requested each.
-	if err := waitPublished(ctx, pool, 2*w.UniqueMessageIDs); err != nil {
+	if err := waitCount(ctx, e.pool, "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL", 2*w.UniqueMessageIDs); err != nil {
 		return err
 	}
 	tookPublished := time.Since(start)
 	if err := <-published; err != nil {
 		return fmt.Errorf("publish: %w", err)
 	}
-
-	var pgVersion string
-	_ = pool.QueryRow(ctx, "SHOW server_version").Scan(&pgVersion)
-	tw := tabwriter.NewWriter(stdout, 2, 8, 2, ' ', 0)
-	fmt.Fprintf(tw, "machine\t%d CPUs, %s %s/%s, PostgreSQL %s\n", runtime.NumCPU(), runtime.Version(), runtime.GOOS, runtime.GOARCH, pgVersion)
-	fmt.Fprintf(tw, "messages\t%d (persistent, publisher confirms, quorum queue)\n", w.UniqueMessageIDs)
-	fmt.Fprintf(tw, "publish\t%.0f msg/s (%s)\n", float64(len(w.Messages))/publishTook.Seconds(), publishTook.Round(time.Millisecond))
 	from := "first publish"
 	if o.preload {
-		from = "inboxd start"
+		from = "inboxd start, queue preloaded"
 	}
-	fmt.Fprintf(tw, "processed\t%.0f msg/s (%s from %s to last processed)\n", float64(w.UniqueMessageIDs)/took.Seconds(), took.Round(time.Millisecond), from)
-	fmt.Fprintf(tw, "whole domain\t%.0f orders/s (%s from %s to the last of %d events published)\n",
-		float64(w.UniqueMessageIDs)/tookPublished.Seconds(), tookPublished.Round(time.Millisecond), from, 2*w.UniqueMessageIDs)
-	return tw.Flush()
+	r.add("2. whole domain (inboxd)", "%.0f orders/s (%d orders, %s from %s to the last of %d events published)",
+		float64(w.UniqueMessageIDs)/tookPublished.Seconds(), w.UniqueMessageIDs, tookPublished.Round(time.Millisecond), from, 2*w.UniqueMessageIDs)
+	r.add("   of which processed", "%.0f orders/s (%s to the last processed); publishing alone %.0f msg/s",
+		float64(w.UniqueMessageIDs)/took.Seconds(), took.Round(time.Millisecond), float64(len(w.Messages))/publishTook.Seconds())
+	return nil
 }
 
 // seedStock stocks every SKU the workload uses, so that no order is
@@ -193,46 +262,6 @@ func seedStock(ctx context.Context, pool *pgxpool.Pool, skus int) error {
 		return fmt.Errorf("seed stock: %w", err)
 	}
 	return nil
-}
-
-// waitPublished polls until the outbox holds want rows, all published.
-func waitPublished(ctx context.Context, pool *pgxpool.Pool, want int) error {
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		var published int
-		if err := pool.QueryRow(ctx, "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL").Scan(&published); err != nil {
-			return fmt.Errorf("count published: %w", err)
-		}
-		if published >= want {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("only %d of %d events published: %w", published, want, ctx.Err())
-		case <-tick.C:
-		}
-	}
-}
-
-// waitProcessed polls until want messages are processed.
-func waitProcessed(ctx context.Context, pool *pgxpool.Pool, want int) error {
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for {
-		var n int
-		if err := pool.QueryRow(ctx, "SELECT count(*) FROM inbox WHERE status = 'processed'").Scan(&n); err != nil {
-			return fmt.Errorf("count processed: %w", err)
-		}
-		if n >= want {
-			return nil
-		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("only %d of %d messages processed: %w", n, want, ctx.Err())
-		case <-tick.C:
-		}
-	}
 }
 
 func createSchema(ctx context.Context, databaseURL, schema string) (string, func(), error) {

@@ -149,7 +149,9 @@ WITH u AS (
         replay_requested = false,
         result          = nullif(u.result, ''),
         last_error      = nullif(u.last_error, ''),
-        processed_at    = CASE WHEN u.status = 'pending' THEN NULL ELSE now() END,
+        -- When the outcome was recorded, after the handler ran (now() would
+        -- be the start of the transaction).
+        processed_at    = CASE WHEN u.status = 'pending' THEN NULL ELSE statement_timestamp() END,
         next_attempt_at = CASE WHEN u.status = 'pending'
                                THEN now() + u.retry_delay_ms * interval '1 millisecond'
                                ELSE inbox.next_attempt_at END
@@ -157,11 +159,11 @@ WITH u AS (
     WHERE inbox.id = u.id
     RETURNING inbox.id, inbox.replay_count, inbox.attempts, inbox.message_id
 )
-INSERT INTO inbox_attempts (inbox_id, run, attempt, message_id, outcome, error, result, process, build, started_at)
+INSERT INTO inbox_attempts (inbox_id, run, attempt, message_id, outcome, error, result, process, build, started_at, finished_at)
 SELECT done.id, done.replay_count, done.attempts, done.message_id,
        CASE u.status WHEN 'pending' THEN 'retry' ELSE u.status END,
        nullif(u.last_error, ''), nullif(u.result, ''),
-       $1::text, $2::text, started.claimed_at
+       $1::text, $2::text, started.claimed_at, statement_timestamp()
 FROM done
 JOIN u ON u.id = done.id
 JOIN inbox AS started ON started.id = done.id

@@ -158,21 +158,27 @@ func Publish(ctx context.Context, amqpURL string, msgs []Message, window int) er
 		return err
 	}
 	window = max(window, 1)
+	// A sliding window: once window publishes are unconfirmed, wait for
+	// the oldest before the next.
 	pending := make([]*amqp.DeferredConfirmation, 0, window)
-	wait := func() error {
-		for _, dc := range pending {
-			ok, err := dc.WaitContext(ctx)
-			if err != nil {
-				return err
-			}
-			if !ok {
-				return errors.New("broker nacked a publish")
-			}
+	waitOldest := func() error {
+		dc := pending[0]
+		pending = pending[1:]
+		ok, err := dc.WaitContext(ctx)
+		if err != nil {
+			return err
 		}
-		pending = pending[:0]
+		if !ok {
+			return errors.New("broker nacked a publish")
+		}
 		return nil
 	}
 	for _, m := range msgs {
+		if len(pending) == window {
+			if err := waitOldest(); err != nil {
+				return err
+			}
+		}
 		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, inbox.ExchangeOrders, m.RoutingKey, false, false, amqp.Publishing{
 			ContentType:  "application/json",
 			DeliveryMode: amqp.Persistent,
@@ -184,13 +190,13 @@ func Publish(ctx context.Context, amqpURL string, msgs []Message, window int) er
 			return fmt.Errorf("publish: %w", err)
 		}
 		pending = append(pending, dc)
-		if len(pending) == window {
-			if err := wait(); err != nil {
-				return err
-			}
+	}
+	for len(pending) > 0 {
+		if err := waitOldest(); err != nil {
+			return err
 		}
 	}
-	return wait()
+	return nil
 }
 
 // PublishParallel splits msgs into n contiguous parts and publishes each on

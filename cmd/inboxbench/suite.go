@@ -1,0 +1,595 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/orderconfirm/inboxd/internal/dbsqlc"
+	"github.com/orderconfirm/inboxd/internal/inbox"
+	"github.com/orderconfirm/inboxd/internal/loadgen"
+)
+
+// benchEnv is a fresh schema and virtual host for one scenario.
+type benchEnv struct {
+	name    string
+	dbURL   string
+	amqpURL string
+	pool    *pgxpool.Pool
+	cleanup func()
+}
+
+// newEnv creates a migrated schema with stocked SKUs and a virtual host with
+// the service's topology, named after the scenario.
+func newEnv(ctx context.Context, o *options, scenario string) (*benchEnv, error) {
+	name := fmt.Sprintf("bench_%s_%d", scenario, time.Now().Unix())
+	dbURL, cleanupDB, err := createSchema(ctx, o.databaseURL, name)
+	if err != nil {
+		return nil, err
+	}
+	amqpURL, cleanupBroker, err := createVhost(ctx, o.amqpURL, o.adminURL, name)
+	if err != nil {
+		cleanupDB()
+		return nil, err
+	}
+	e := &benchEnv{name: name, dbURL: dbURL, amqpURL: amqpURL, cleanup: func() {}}
+	if !o.keep {
+		e.cleanup = func() { cleanupBroker(); cleanupDB() }
+	}
+	if err := loadgen.DeclareTopology(amqpURL, inbox.QueueTypeQuorum); err != nil {
+		e.cleanup()
+		return nil, fmt.Errorf("declare topology: %w", err)
+	}
+	if e.pool, err = pgxpool.New(ctx, dbURL); err != nil {
+		e.cleanup()
+		return nil, err
+	}
+	if err := seedStock(ctx, e.pool, o.skus); err != nil {
+		e.close()
+		return nil, err
+	}
+	return e, nil
+}
+
+func (e *benchEnv) close() {
+	e.pool.Close()
+	e.cleanup()
+}
+
+// newPool opens a pool of its own on the scenario's schema.
+func (e *benchEnv) newPool(ctx context.Context, maxConns int32) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(e.dbURL)
+	if err != nil {
+		return nil, err
+	}
+	cfg.MaxConns = maxConns
+	return pgxpool.NewWithConfig(ctx, cfg)
+}
+
+var discard = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+// noopHandler marks every message processed and does nothing else: what is
+// left is the inbox's own cost.
+type noopHandler struct{}
+
+func (noopHandler) HandleBatch(_ context.Context, _ pgx.Tx, msgs []inbox.Message) ([]inbox.Outcome, error) {
+	out := make([]inbox.Outcome, len(msgs))
+	for i := range out {
+		out[i].Result = "ok"
+	}
+	return out, nil
+}
+
+// core is the inbox alone, in this process: ingest (2 channels, batches of
+// 500) and workers (2 × 1000) as inboxd runs them, with a handler that does
+// nothing. It returns the consumer and worker, started.
+type core struct {
+	consumer *inbox.Consumer
+	worker   *inbox.Worker
+	pools    []*pgxpool.Pool
+}
+
+func startCore(ctx context.Context, e *benchEnv, withConsumer, withWorker bool) (*core, error) {
+	c := &core{}
+	ingestPool, err := e.newPool(ctx, 3)
+	if err != nil {
+		return nil, err
+	}
+	workerPool, err := e.newPool(ctx, 3)
+	if err != nil {
+		ingestPool.Close()
+		return nil, err
+	}
+	c.pools = []*pgxpool.Pool{ingestPool, workerPool}
+	if c.worker, err = inbox.NewWorker(workerPool, &inbox.WorkerConfig{Handler: noopHandler{}, Logger: discard, PollInterval: 100 * time.Millisecond}); err != nil {
+		c.stop()
+		return nil, err
+	}
+	if c.consumer, err = inbox.NewConsumer(ingestPool, &inbox.ConsumerConfig{URL: e.amqpURL, Logger: discard, OnStored: c.worker.Notify}); err != nil {
+		c.stop()
+		return nil, err
+	}
+	if withWorker {
+		if err := c.worker.Start(ctx); err != nil {
+			c.stop()
+			return nil, err
+		}
+	}
+	if withConsumer {
+		if err := c.consumer.Start(ctx); err != nil {
+			c.stop()
+			return nil, err
+		}
+		for !c.consumer.Consuming() {
+			if ctx.Err() != nil {
+				c.stop()
+				return nil, ctx.Err()
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	return c, nil
+}
+
+func (c *core) stop() {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if c.consumer != nil {
+		c.consumer.Stop(ctx)
+	}
+	if c.worker != nil {
+		c.worker.Stop(ctx)
+	}
+	for _, p := range c.pools {
+		p.Close()
+	}
+}
+
+// waitCount polls query until it returns at least want.
+func waitCount(ctx context.Context, pool *pgxpool.Pool, query string, want int) error {
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		var n int
+		if err := pool.QueryRow(ctx, query).Scan(&n); err != nil {
+			return fmt.Errorf("%s: %w", query, err)
+		}
+		if n >= want {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("%d of %d after %q: %w", n, want, query, ctx.Err())
+		case <-tick.C:
+		}
+	}
+}
+
+// benchCore measures (1): messages per second from the first publish to the
+// last processed, through the inbox alone.
+func benchCore(ctx context.Context, o *options, r *report) error {
+	e, err := newEnv(ctx, o, "core")
+	if err != nil {
+		return err
+	}
+	defer e.close()
+	c, err := startCore(ctx, e, true, true)
+	if err != nil {
+		return err
+	}
+	defer c.stop()
+	w := loadgen.Generate(loadgen.Spec{Orders: o.messages, Seed: 1, Prefix: e.name, SKUs: o.skus})
+	start := time.Now()
+	published := make(chan error, 1)
+	go func() { published <- loadgen.PublishParallel(ctx, e.amqpURL, w.Messages, o.publishers, o.window) }()
+	if err := waitCount(ctx, e.pool, "SELECT count(*) FROM inbox WHERE status = 'processed'", len(w.Messages)); err != nil {
+		return err
+	}
+	took := time.Since(start)
+	if err := <-published; err != nil {
+		return err
+	}
+	r.core = float64(len(w.Messages)) / took.Seconds()
+	r.add("1. core path, publish to processed", "%.0f msg/s (%d messages in %s; ingest 2 channels × 500, workers 2 × 1000, a handler that does nothing)",
+		r.core, len(w.Messages), took.Round(time.Millisecond))
+	return nil
+}
+
+// benchPassthrough measures (7): the same messages through the broker alone,
+// to a consumer that only acknowledges them, in batches as ingest does.
+func benchPassthrough(ctx context.Context, o *options, r *report) error {
+	e, err := newEnv(ctx, o, "passthrough")
+	if err != nil {
+		return err
+	}
+	defer e.close()
+	w := loadgen.Generate(loadgen.Spec{Orders: o.messages, Seed: 1, Prefix: e.name, SKUs: o.skus})
+	conn, err := amqp.Dial(e.amqpURL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	var consumed atomic.Int64
+	var wg sync.WaitGroup
+	for range 2 {
+		ch, err := conn.Channel()
+		if err != nil {
+			return err
+		}
+		if err := ch.Qos(1000, 0, false); err != nil {
+			return err
+		}
+		deliveries, err := ch.Consume(inbox.QueueInbox, "", false, false, false, false, nil)
+		if err != nil {
+			return err
+		}
+		wg.Go(func() {
+			var last *amqp.Delivery
+			unacked := 0
+			linger := time.NewTicker(5 * time.Millisecond)
+			defer linger.Stop()
+			for {
+				select {
+				case d, ok := <-deliveries:
+					if !ok {
+						return
+					}
+					last = &d
+					unacked++
+					if unacked == 500 {
+						_ = last.Ack(true)
+						consumed.Add(int64(unacked))
+						unacked = 0
+					}
+				case <-linger.C:
+					if unacked > 0 {
+						_ = last.Ack(true)
+						consumed.Add(int64(unacked))
+						unacked = 0
+					}
+				}
+			}
+		})
+	}
+	start := time.Now()
+	if err := loadgen.PublishParallel(ctx, e.amqpURL, w.Messages, o.publishers, o.window); err != nil {
+		return err
+	}
+	for consumed.Load() < int64(len(w.Messages)) {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		time.Sleep(time.Millisecond)
+	}
+	took := time.Since(start)
+	_ = conn.Close()
+	wg.Wait()
+	r.passthrough = float64(len(w.Messages)) / took.Seconds()
+	r.add("7. broker only, publish to acked", "%.0f msg/s (the same messages, 2 channels acking every 500)", r.passthrough)
+	if r.core > 0 {
+		r.add("   core path / broker only", "%.2f", r.core/r.passthrough)
+	}
+	return nil
+}
+
+// benchIngestAndWorker measures (3): ingest alone draining a preloaded queue
+// into the inbox, then the workers alone draining the inbox it filled.
+func benchIngestAndWorker(ctx context.Context, o *options, r *report) error {
+	e, err := newEnv(ctx, o, "split")
+	if err != nil {
+		return err
+	}
+	defer e.close()
+	w := loadgen.Generate(loadgen.Spec{Orders: o.messages, Seed: 1, Prefix: e.name, SKUs: o.skus})
+	if err := loadgen.PublishParallel(ctx, e.amqpURL, w.Messages, o.publishers, o.window); err != nil {
+		return err
+	}
+	start := time.Now()
+	ingest, err := startCore(ctx, e, true, false)
+	if err != nil {
+		return err
+	}
+	err = waitCount(ctx, e.pool, "SELECT count(*) FROM inbox", len(w.Messages))
+	took := time.Since(start)
+	ingest.stop()
+	if err != nil {
+		return err
+	}
+	r.add("3. ingest alone", "%.0f msg/s (a preloaded queue of %d into the inbox, %s)",
+		float64(len(w.Messages))/took.Seconds(), len(w.Messages), took.Round(time.Millisecond))
+
+	start = time.Now()
+	worker, err := startCore(ctx, e, false, true)
+	if err != nil {
+		return err
+	}
+	defer worker.stop()
+	if err := waitCount(ctx, e.pool, "SELECT count(*) FROM inbox WHERE status = 'processed'", len(w.Messages)); err != nil {
+		return err
+	}
+	took = time.Since(start)
+	r.add("   worker alone", "%.0f msg/s (%d pending rows to processed, handler that does nothing, %s)",
+		float64(len(w.Messages))/took.Seconds(), len(w.Messages), took.Round(time.Millisecond))
+	return nil
+}
+
+// benchSteady measures (4) and (5): a real inboxd process with the orders
+// handler, fed at a steady rate; latency from each publish to its processed
+// commit, and the process's memory sampled throughout.
+func benchSteady(ctx context.Context, o *options, r *report) error {
+	e, err := newEnv(ctx, o, "steady")
+	if err != nil {
+		return err
+	}
+	defer e.close()
+	httpAddr, err := freeAddr()
+	if err != nil {
+		return err
+	}
+	svc, err := startInboxd(o, e.dbURL, e.amqpURL, httpAddr, e.name)
+	if err != nil {
+		return err
+	}
+	defer svc.stop()
+	if err := waitReady(ctx, httpAddr); err != nil {
+		return err
+	}
+	n := int(o.steadyRate * o.steadyDuration.Seconds())
+	w := loadgen.Generate(loadgen.Spec{Orders: n, Seed: 2, Prefix: e.name, SKUs: o.skus})
+
+	// Memory, every second.
+	var rss []float64
+	var peak float64
+	sampleCtx, stopSampling := context.WithCancel(ctx)
+	sampled := make(chan struct{})
+	go func() {
+		defer close(sampled)
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for {
+			select {
+			case <-sampleCtx.Done():
+				return
+			case <-tick.C:
+				cur, hwm, err := processMemory(svc.cmd.Process.Pid)
+				if err == nil {
+					rss = append(rss, cur)
+					peak = max(peak, hwm)
+				}
+			}
+		}
+	}()
+
+	sent, err := publishPaced(ctx, e.amqpURL, w.Messages, o.steadyRate)
+	if err != nil {
+		stopSampling()
+		return err
+	}
+	if err := waitCount(ctx, e.pool, "SELECT count(*) FROM inbox WHERE status = 'processed'", len(w.Messages)); err != nil {
+		stopSampling()
+		return err
+	}
+	stopSampling()
+	<-sampled
+
+	rows, err := e.pool.Query(ctx, "SELECT message_id, processed_at FROM inbox")
+	if err != nil {
+		return err
+	}
+	var latencies []time.Duration
+	for rows.Next() {
+		var id string
+		var at time.Time
+		if err := rows.Scan(&id, &at); err != nil {
+			return err
+		}
+		latencies = append(latencies, at.Sub(sent[id]))
+	}
+	if err := rows.Err(); err != nil {
+		return err
+	}
+	slices.Sort(latencies)
+	q := func(p float64) string {
+		return latencies[min(len(latencies)-1, int(p*float64(len(latencies))))].Round(100 * time.Microsecond).String()
+	}
+	r.add("4. latency at a steady rate", "p50 %s, p99 %s, p99.9 %s, max %s (%d orders at %.0f/s, publish to processed commit, orders handler)",
+		q(0.50), q(0.99), q(0.999), latencies[len(latencies)-1].Round(time.Millisecond), len(latencies), o.steadyRate)
+	if len(rss) > 0 {
+		minute := min(60, len(rss)/3)
+		first, last := mean(rss[:minute]), mean(rss[len(rss)-minute:])
+		r.add("5. inboxd memory", "peak RSS %.1f MiB; mean RSS %.1f MiB in the first %ds, %.1f MiB in the last %ds of %s",
+			peak, first, minute, last, minute, o.steadyDuration)
+	}
+	return nil
+}
+
+func mean(xs []float64) float64 {
+	var s float64
+	for _, x := range xs {
+		s += x
+	}
+	return s / float64(len(xs))
+}
+
+// processMemory returns a process's resident set size and its peak, in MiB.
+func processMemory(pid int) (rss, hwm float64, err error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		key, value, ok := strings.Cut(sc.Text(), ":")
+		if !ok || (key != "VmRSS" && key != "VmHWM") {
+			continue
+		}
+		kb, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(value), " kB"), 64)
+		if err != nil {
+			return 0, 0, err
+		}
+		if key == "VmRSS" {
+			rss = kb / 1024
+		} else {
+			hwm = kb / 1024
+		}
+	}
+	return rss, hwm, sc.Err()
+}
+
+// publishPaced publishes msgs at rate per second, in ticks of 10 ms, on one
+// confirmed channel, and returns when each message was sent.
+func publishPaced(ctx context.Context, amqpURL string, msgs []loadgen.Message, rate float64) (map[string]time.Time, error) {
+	conn, err := amqp.Dial(amqpURL)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Close()
+	ch, err := conn.Channel()
+	if err != nil {
+		return nil, err
+	}
+	if err := ch.Confirm(false); err != nil {
+		return nil, err
+	}
+	confirms := make(chan *amqp.DeferredConfirmation, 100_000)
+	confirmed := make(chan error, 1)
+	go func() {
+		var err error
+		for dc := range confirms {
+			if ok, werr := dc.WaitContext(ctx); werr != nil || !ok {
+				err = cmpErr(err, werr, "broker nacked a publish")
+			}
+		}
+		confirmed <- err
+	}()
+	sent := make(map[string]time.Time, len(msgs))
+	start := time.Now()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	next := 0
+	for next < len(msgs) {
+		select {
+		case <-ctx.Done():
+			close(confirms)
+			return nil, ctx.Err()
+		case <-tick.C:
+		}
+		due := min(len(msgs), int(time.Since(start).Seconds()*rate))
+		for ; next < due; next++ {
+			m := msgs[next]
+			sent[m.MessageID] = time.Now()
+			dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, inbox.ExchangeOrders, m.RoutingKey, false, false, amqp.Publishing{
+				ContentType: "application/json", DeliveryMode: amqp.Persistent, MessageId: m.MessageID, Body: m.Body,
+			})
+			if err != nil {
+				close(confirms)
+				return nil, err
+			}
+			confirms <- dc
+		}
+	}
+	close(confirms)
+	if err := <-confirmed; err != nil {
+		return nil, err
+	}
+	return sent, nil
+}
+
+func cmpErr(prev, err error, msg string) error {
+	if prev != nil {
+		return prev
+	}
+	if err != nil {
+		return err
+	}
+	return errors.New(msg)
+}
+
+// benchClaim measures (6): the claim statement, and a whole work batch, as
+// processed rows pile up in the inbox.
+func benchClaim(ctx context.Context, o *options, r *report) error {
+	e, err := newEnv(ctx, o, "claim")
+	if err != nil {
+		return err
+	}
+	defer e.close()
+	w, err := inbox.NewWorker(e.pool, &inbox.WorkerConfig{Handler: noopHandler{}, Logger: discard, Concurrency: 1})
+	if err != nil {
+		return err
+	}
+	q := dbsqlc.New()
+	var base float64
+	have := 0
+	for _, size := range o.claimRows {
+		// Processed rows up to size, a million per statement.
+		seedStarted := time.Now()
+		for have < size {
+			n := min(1_000_000, size-have)
+			if _, err := e.pool.Exec(ctx, `
+				INSERT INTO inbox (message_id, message_type, payload, status, attempts, received_at, processed_at, order_key)
+				SELECT 'old-' || g, 'order.created', '{"orderId":"x"}', 'processed', 1, now() - interval '1 day', now() - interval '1 day', 'old-' || g
+				FROM generate_series($1::bigint, $2::bigint) g`, have, have+n-1); err != nil {
+				return fmt.Errorf("seed processed rows: %w", err)
+			}
+			have += n
+		}
+		if _, err := e.pool.Exec(ctx, "VACUUM ANALYZE inbox"); err != nil {
+			return err
+		}
+		seeded := time.Since(seedStarted)
+		// 20 batches of 1000 pending messages.
+		const batches, batchSize = 20, 1000
+		if _, err := e.pool.Exec(ctx, `
+			INSERT INTO inbox (message_id, message_type, payload, order_key)
+			SELECT 'new-' || $1::text || '-' || g, 'order.created', '{"orderId":"x"}', 'new-' || $1::text || '-' || g
+			FROM generate_series(1, $2::int) g`, strconv.Itoa(size), batches*batchSize); err != nil {
+			return err
+		}
+		var claims, works []time.Duration
+		for range batches {
+			started := time.Now()
+			ids, err := q.InboxClaimBatch(ctx, e.pool, dbsqlc.InboxClaimBatchParams{Process: "bench", Build: "bench", MaxRows: batchSize})
+			if err != nil {
+				return err
+			}
+			claims = append(claims, time.Since(started))
+			if len(ids) != batchSize {
+				return fmt.Errorf("claimed %d, want %d", len(ids), batchSize)
+			}
+			// Release the claim, then time a whole batch (claim, lock,
+			// handle, complete) on the same rows.
+			if _, err := e.pool.Exec(ctx, "UPDATE inbox SET claimed_at = NULL, attempts = 0 WHERE id = ANY($1)", ids); err != nil {
+				return err
+			}
+			started = time.Now()
+			if _, err := w.RunOnce(ctx); err != nil {
+				return err
+			}
+			works = append(works, time.Since(started))
+		}
+		slices.Sort(claims)
+		slices.Sort(works)
+		claim := claims[len(claims)/2]
+		if base == 0 {
+			base = claim.Seconds()
+		}
+		r.add(fmt.Sprintf("6. claim with %d processed rows", size), "claim of 1000: median %s (%.2f× the first); whole batch: median %s (seeded in %s)",
+			claim.Round(10*time.Microsecond), claim.Seconds()/base, works[len(works)/2].Round(10*time.Microsecond), seeded.Round(time.Second))
+	}
+	return nil
+}
