@@ -79,7 +79,7 @@ build: ## Build bin/inboxd and bin/inboxbench
 	$(GO) build -o $(BIN)/inboxbench ./cmd/inboxbench
 
 .PHONY: bench
-bench: build ## Measure end-to-end throughput against the local services
+bench: build ## The benchmark suite against the local services (see BENCHMARKS.md)
 	$(BIN)/inboxbench -inboxd $(BIN)/inboxd -database-url '$(DATABASE_URL)' -amqp-url '$(AMQP_URL)' $(BENCH_FLAGS)
 
 .PHONY: run
