@@ -44,7 +44,7 @@ WHERE inbox.id IN (
     LIMIT sqlc.arg(max_rows)
     FOR UPDATE SKIP LOCKED
 )
-RETURNING inbox.id;
+RETURNING inbox.id, inbox.claimed_at::timestamptz AS claimed_at;
 
 -- name: InboxClaimUnfinished :many
 -- InboxClaimUnfinished claims the oldest message whose last claim never
@@ -70,32 +70,34 @@ WITH target AS (
         claimed_build = sqlc.arg(build)::text
     FROM target
     WHERE inbox.id = target.id
-    RETURNING inbox.id
+    RETURNING inbox.id, inbox.claimed_at
 ), abandoned AS (
     INSERT INTO inbox_attempts (inbox_id, run, attempt, message_id, outcome, error, process, build, started_at)
     SELECT id, replay_count, attempts, message_id, 'abandoned',
-           'the attempt never finished: its process died, or lost its database connection',
+           'the attempt never finished: its process died or stopped, or lost its database connection, while handling the message',
            coalesce(claimed_by, 'unknown'), coalesce(claimed_build, 'unknown'), claimed_at
     FROM target
     ON CONFLICT DO NOTHING
 )
-SELECT id FROM claimed;
+SELECT id, claimed_at::timestamptz AS claimed_at FROM claimed;
 
 -- name: InboxLockClaimed :many
 -- InboxLockClaimed locks claimed messages for the rest of the calling
 -- transaction and returns them in arrival order, leaving out any that are no
--- longer pending. It waits for locks rather than skipping locked rows: a
--- concurrent InboxClaimBatch may hold one for an instant, and a worker whose
--- lease ran out holds one only until it records the outcome, after which the
--- row is no longer pending. Locks are taken in id order, so two workers
--- never deadlock.
-SELECT id, message_id, message_type, payload, attempts, received_at, replay_requested,
-       replay_count, claimed_at
-FROM inbox
-WHERE id = ANY(@ids::bigint[])
-  AND status = 'pending'
-ORDER BY id
-FOR UPDATE;
+-- longer pending or no longer hold this claim: a claim is named by its row
+-- and its claimed_at, so a worker whose claim was taken over after its lease
+-- ran out (it stalled) locks nothing and handles nothing. It waits for locks
+-- rather than skipping locked rows: a concurrent InboxClaimBatch may hold
+-- one for an instant. Locks are taken in id order, so two workers never
+-- deadlock.
+SELECT i.id, i.message_id, i.message_type, i.payload, i.attempts, i.received_at, i.replay_requested,
+       i.replay_count, i.claimed_at
+FROM inbox i
+JOIN (SELECT unnest(@ids::bigint[]) AS id, unnest(@claimed_ats::timestamptz[]) AS claimed_at) AS c
+  ON c.id = i.id AND c.claimed_at = i.claimed_at
+WHERE i.status = 'pending'
+ORDER BY i.id
+FOR UPDATE OF i;
 
 -- name: InboxCompleteMany :exec
 -- InboxCompleteMany records the outcome of one handling attempt for each
@@ -135,6 +137,9 @@ FROM done
 JOIN u ON u.id = done.id
 -- The rows as they were before this statement: when the attempt began.
 JOIN inbox AS started ON started.id = done.id
+-- Only a hand edit of inbox.attempts (by the schema's owner) can repeat an
+-- attempt number within a run; the history then keeps the first, and the
+-- handling goes on.
 ON CONFLICT DO NOTHING;
 
 -- name: InboxRecordConflicts :many

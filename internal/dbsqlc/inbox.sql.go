@@ -32,13 +32,18 @@ WHERE inbox.id IN (
     LIMIT $3
     FOR UPDATE SKIP LOCKED
 )
-RETURNING inbox.id
+RETURNING inbox.id, inbox.claimed_at::timestamptz AS claimed_at
 `
 
 type InboxClaimBatchParams struct {
 	Process string
 	Build   string
 	MaxRows int32
+}
+
+type InboxClaimBatchRow struct {
+	ID        int64
+	ClaimedAt time.Time
 }
 
 // InboxClaimBatch claims up to max_rows due pending messages that no worker
@@ -51,19 +56,19 @@ type InboxClaimBatchParams struct {
 // still open (pending, claimed, waiting for a retry, or dead): the messages
 // of one order are handled one at a time, in arrival order, while different
 // orders proceed in parallel.
-func (q *Queries) InboxClaimBatch(ctx context.Context, db DBTX, arg InboxClaimBatchParams) ([]int64, error) {
+func (q *Queries) InboxClaimBatch(ctx context.Context, db DBTX, arg InboxClaimBatchParams) ([]InboxClaimBatchRow, error) {
 	rows, err := db.Query(ctx, inboxClaimBatch, arg.Process, arg.Build, arg.MaxRows)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var items []int64
+	var items []InboxClaimBatchRow
 	for rows.Next() {
-		var id int64
-		if err := rows.Scan(&id); err != nil {
+		var i InboxClaimBatchRow
+		if err := rows.Scan(&i.ID, &i.ClaimedAt); err != nil {
 			return nil, err
 		}
-		items = append(items, id)
+		items = append(items, i)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
@@ -89,16 +94,16 @@ WITH target AS (
         claimed_build = $3::text
     FROM target
     WHERE inbox.id = target.id
-    RETURNING inbox.id
+    RETURNING inbox.id, inbox.claimed_at
 ), abandoned AS (
     INSERT INTO inbox_attempts (inbox_id, run, attempt, message_id, outcome, error, process, build, started_at)
     SELECT id, replay_count, attempts, message_id, 'abandoned',
-           'the attempt never finished: its process died, or lost its database connection',
+           'the attempt never finished: its process died or stopped, or lost its database connection, while handling the message',
            coalesce(claimed_by, 'unknown'), coalesce(claimed_build, 'unknown'), claimed_at
     FROM target
     ON CONFLICT DO NOTHING
 )
-SELECT id FROM claimed
+SELECT id, claimed_at::timestamptz AS claimed_at FROM claimed
 `
 
 type InboxClaimUnfinishedParams struct {
@@ -107,25 +112,30 @@ type InboxClaimUnfinishedParams struct {
 	Build        string
 }
 
+type InboxClaimUnfinishedRow struct {
+	ID        int64
+	ClaimedAt time.Time
+}
+
 // InboxClaimUnfinished claims the oldest message whose last claim never
 // recorded an outcome (the process died, or lost its transaction, while
 // handling it), counts an attempt for it, and writes the lost attempt to
 // inbox_attempts as abandoned. A claim younger than lease_seconds is left
 // alone, as its worker may be about to lock the row; a row that a worker
 // has locked is skipped.
-func (q *Queries) InboxClaimUnfinished(ctx context.Context, db DBTX, arg InboxClaimUnfinishedParams) ([]int64, error) {
+func (q *Queries) InboxClaimUnfinished(ctx context.Context, db DBTX, arg InboxClaimUnfinishedParams) ([]InboxClaimUnfinishedRow, error) {
 	rows, err := db.Query(ctx, inboxClaimUnfinished, arg.LeaseSeconds, arg.Process, arg.Build)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var items []int64
+	var items []InboxClaimUnfinishedRow
 	for rows.Next() {
-		var id int64
-		if err := rows.Scan(&id); err != nil {
+		var i InboxClaimUnfinishedRow
+		if err := rows.Scan(&i.ID, &i.ClaimedAt); err != nil {
 			return nil, err
 		}
-		items = append(items, id)
+		items = append(items, i)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
@@ -184,6 +194,9 @@ type InboxCompleteManyParams struct {
 // locked message: status processed, dead, or pending again with a retry
 // delay. It ends the claim and writes the attempt to inbox_attempts.
 // The rows as they were before this statement: when the attempt began.
+// Only a hand edit of inbox.attempts (by the schema's owner) can repeat an
+// attempt number within a run; the history then keeps the first, and the
+// handling goes on.
 func (q *Queries) InboxCompleteMany(ctx context.Context, db DBTX, arg InboxCompleteManyParams) error {
 	_, err := db.Exec(ctx, inboxCompleteMany,
 		arg.Process,
@@ -247,14 +260,20 @@ func (q *Queries) InboxInsertMany(ctx context.Context, db DBTX, arg InboxInsertM
 }
 
 const inboxLockClaimed = `-- name: InboxLockClaimed :many
-SELECT id, message_id, message_type, payload, attempts, received_at, replay_requested,
-       replay_count, claimed_at
-FROM inbox
-WHERE id = ANY($1::bigint[])
-  AND status = 'pending'
-ORDER BY id
-FOR UPDATE
+SELECT i.id, i.message_id, i.message_type, i.payload, i.attempts, i.received_at, i.replay_requested,
+       i.replay_count, i.claimed_at
+FROM inbox i
+JOIN (SELECT unnest($1::bigint[]) AS id, unnest($2::timestamptz[]) AS claimed_at) AS c
+  ON c.id = i.id AND c.claimed_at = i.claimed_at
+WHERE i.status = 'pending'
+ORDER BY i.id
+FOR UPDATE OF i
 `
+
+type InboxLockClaimedParams struct {
+	Ids        []int64
+	ClaimedAts []time.Time
+}
 
 type InboxLockClaimedRow struct {
 	ID              int64
@@ -270,13 +289,14 @@ type InboxLockClaimedRow struct {
 
 // InboxLockClaimed locks claimed messages for the rest of the calling
 // transaction and returns them in arrival order, leaving out any that are no
-// longer pending. It waits for locks rather than skipping locked rows: a
-// concurrent InboxClaimBatch may hold one for an instant, and a worker whose
-// lease ran out holds one only until it records the outcome, after which the
-// row is no longer pending. Locks are taken in id order, so two workers
-// never deadlock.
-func (q *Queries) InboxLockClaimed(ctx context.Context, db DBTX, ids []int64) ([]InboxLockClaimedRow, error) {
-	rows, err := db.Query(ctx, inboxLockClaimed, ids)
+// longer pending or no longer hold this claim: a claim is named by its row
+// and its claimed_at, so a worker whose claim was taken over after its lease
+// ran out (it stalled) locks nothing and handles nothing. It waits for locks
+// rather than skipping locked rows: a concurrent InboxClaimBatch may hold
+// one for an instant. Locks are taken in id order, so two workers never
+// deadlock.
+func (q *Queries) InboxLockClaimed(ctx context.Context, db DBTX, arg InboxLockClaimedParams) ([]InboxLockClaimedRow, error) {
+	rows, err := db.Query(ctx, inboxLockClaimed, arg.Ids, arg.ClaimedAts)
 	if err != nil {
 		return nil, err
 	}

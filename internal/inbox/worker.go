@@ -257,7 +257,7 @@ func (w *Worker) RunOnce(ctx context.Context) (int, error) {
 func (w *Worker) runBatch(ctx context.Context) (int, error) {
 	w.exclusive.RLock()
 	defer w.exclusive.RUnlock()
-	ids, err := w.queries.InboxClaimBatch(ctx, w.pool, dbsqlc.InboxClaimBatchParams{
+	rows, err := w.queries.InboxClaimBatch(ctx, w.pool, dbsqlc.InboxClaimBatchParams{
 		Process: w.cfg.Process,
 		Build:   w.cfg.Build,
 		MaxRows: int32(w.cfg.BatchSize),
@@ -265,10 +265,11 @@ func (w *Worker) runBatch(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("claim inbox batch: %w", err)
 	}
-	if len(ids) == 0 {
-		return 0, nil
+	var c claims
+	for _, r := range rows {
+		c.Ids, c.ClaimedAts = append(c.Ids, r.ID), append(c.ClaimedAts, r.ClaimedAt)
 	}
-	return len(ids), w.work(ctx, ids)
+	return len(rows), w.work(ctx, c)
 }
 
 // RunUnfinished claims the oldest message whose last claim never ended (the
@@ -280,7 +281,7 @@ func (w *Worker) runBatch(ctx context.Context) (int, error) {
 func (w *Worker) RunUnfinished(ctx context.Context) (int, error) {
 	w.exclusive.Lock()
 	defer w.exclusive.Unlock()
-	ids, err := w.queries.InboxClaimUnfinished(ctx, w.pool, dbsqlc.InboxClaimUnfinishedParams{
+	rows, err := w.queries.InboxClaimUnfinished(ctx, w.pool, dbsqlc.InboxClaimUnfinishedParams{
 		LeaseSeconds: w.cfg.ClaimLease.Seconds(),
 		Process:      w.cfg.Process,
 		Build:        w.cfg.Build,
@@ -288,22 +289,30 @@ func (w *Worker) RunUnfinished(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("claim unfinished message: %w", err)
 	}
-	if len(ids) == 0 {
-		return 0, nil
+	var c claims
+	for _, r := range rows {
+		c.Ids, c.ClaimedAts = append(c.Ids, r.ID), append(c.ClaimedAts, r.ClaimedAt)
 	}
-	return len(ids), w.work(ctx, ids)
+	return len(rows), w.work(ctx, c)
 }
 
-// work locks the claimed rows ids, handles them and records the outcomes,
-// all in one transaction.
-func (w *Worker) work(ctx context.Context, ids []int64) error {
+// claims names claimed rows: each by its id and the claimed_at its claim
+// set, so that a claim taken over by another worker is told apart.
+type claims = dbsqlc.InboxLockClaimedParams
+
+// work locks the claimed rows, handles them and records the outcomes, all in
+// one transaction.
+func (w *Worker) work(ctx context.Context, c claims) error {
+	if len(c.Ids) == 0 {
+		return nil
+	}
 	tx, err := w.pool.Begin(ctx)
 	if err != nil {
 		return fmt.Errorf("begin work transaction: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 
-	rows, err := w.queries.InboxLockClaimed(ctx, tx, ids)
+	rows, err := w.queries.InboxLockClaimed(ctx, tx, c)
 	if err != nil {
 		return fmt.Errorf("lock claimed messages: %w", err)
 	}

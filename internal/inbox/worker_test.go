@@ -399,6 +399,38 @@ func TestWorkerFailureIsBounded(t *testing.T) {
 		require.Equal(t, []string{"1 processed host/9 v2"}, b.db.Strings(t, attemptHistorySQL, "m-1"))
 	})
 
+	t.Run("AWorkerWhoseClaimWasTakenOverLocksNothing", func(t *testing.T) {
+		t.Parallel()
+		b := setupWorker(t)
+		insertMessages(t, b.db.Pool, 1)
+		q := dbsqlc.New()
+		// Worker A claims m-0, then stalls past its lease.
+		stalled, err := q.InboxClaimBatch(t.Context(), b.db.Pool, dbsqlc.InboxClaimBatchParams{Process: "a/1", Build: "b", MaxRows: 1})
+		require.NoError(t, err)
+		require.Len(t, stalled, 1)
+		time.Sleep(5 * time.Millisecond)
+		// Worker B takes the message over and handles it.
+		w := b.newWorker(t, b.db.Pool, inbox.WorkerConfig{ClaimLease: time.Millisecond, Process: "b/2"})
+		n, err := w.RunOnce(t.Context())
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+		require.Equal(t, inbox.StatusProcessed, readRow(t, b.db.Pool, "m-0").Status)
+		// And once more pending (a replay), with B's claim on it again.
+		_, err = b.db.Pool.Exec(t.Context(), "UPDATE inbox SET replay_requested = true")
+		require.NoError(t, err)
+		// A wakes up: its claim is not the row's claim, so it locks nothing.
+		tx, err := b.db.Pool.Begin(t.Context())
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(t.Context()) }()
+		locked, err := q.InboxLockClaimed(t.Context(), tx, dbsqlc.InboxLockClaimedParams{
+			Ids: []int64{stalled[0].ID}, ClaimedAts: []time.Time{stalled[0].ClaimedAt},
+		})
+		require.NoError(t, err)
+		require.Empty(t, locked, "a claim that was taken over is not this worker's any more")
+		require.Equal(t, 1, b.handler.calls["m-0"], "handled once")
+		require.Equal(t, []string{"1 abandoned a/1 b", "2 processed b/2 unknown"}, b.db.Strings(t, attemptHistorySQL, "m-0"))
+	})
+
 	t.Run("AClaimedMessageIsLeftAloneDuringItsLease", func(t *testing.T) {
 		t.Parallel()
 		b := setupWorker(t)
