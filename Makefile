@@ -16,6 +16,8 @@ BENCH_FLAGS  ?=
 VERSION      ?= $(shell git describe --always --dirty 2>/dev/null)
 
 .DEFAULT_GOAL := help
+# bash, for pipefail in make chaos.
+SHELL := bash
 
 .PHONY: help
 help: ## List the targets
@@ -62,7 +64,7 @@ test-disruptive: ## Restart PostgreSQL and RabbitMQ under load (local services o
 
 .PHONY: chaos
 chaos: ## Two inboxd processes, 20,000 orders, kills and disconnections at random; prints a summary table
-	CHAOS_ORDERS=$(or $(CHAOS_ORDERS),20000) $(GO) test -count=1 -timeout 20m -run '^TestChaos$$' -v ./cmd/inboxd/ \
+	set -o pipefail; CHAOS_ORDERS=$(or $(CHAOS_ORDERS),20000) $(GO) test -count=1 -timeout 20m -run '^TestChaos$$' -v ./cmd/inboxd/ \
 		| grep -v '^=== \|^        {'
 
 .PHONY: test-race

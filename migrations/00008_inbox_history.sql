@@ -39,9 +39,10 @@ CREATE TABLE inbox_attempts (
     CONSTRAINT inbox_attempts_outcome_check CHECK (outcome IN ('processed', 'retry', 'dead', 'abandoned'))
 );
 
--- Time ranges ("failures in the last hour") over an append-only table: a
--- BRIN index costs next to nothing to maintain.
-CREATE INDEX inbox_attempts_finished_at_idx ON inbox_attempts USING brin (finished_at);
+-- Time ranges ("failures in the last hour"). A btree, not a BRIN: the
+-- janitor's deletes free pages that new rows then fill, so the table's
+-- physical order does not follow finished_at for long.
+CREATE INDEX inbox_attempts_finished_at_idx ON inbox_attempts (finished_at);
 CREATE INDEX inbox_attempts_build_idx ON inbox_attempts (build);
 
 -- inbox_conflicts records every message id that arrived again with a
@@ -64,9 +65,6 @@ CREATE TABLE inbox_conflicts (
 );
 
 CREATE INDEX inbox_conflicts_last_seen_at_idx ON inbox_conflicts (last_seen_at);
-
--- Retention deletes published outbox rows by age.
-CREATE INDEX outbox_published_at_idx ON outbox (published_at) WHERE published_at IS NOT NULL;
 
 -- inbox_overview answers "how is the inbox doing?" in one row. Every count
 -- but processed reads a partial index of open rows; processed reads the
@@ -200,7 +198,6 @@ BEGIN
 END;
 $$;
 -- +goose StatementEnd
-DROP INDEX outbox_published_at_idx;
 DROP TABLE inbox_conflicts;
 DROP TABLE inbox_attempts;
 ALTER TABLE inbox DROP COLUMN claimed_build, DROP COLUMN claimed_by;

@@ -167,6 +167,9 @@ WITH d AS (
     INSERT INTO inbox_conflicts (message_id, message_type, stored_sha256, conflicting_sha256, conflicting_payload, deliveries)
     SELECT message_id, message_type, stored_sha256, conflicting_sha256, conflicting_payload, deliveries
     FROM c
+    -- In key order, so two ingest channels recording the same conflicts
+    -- cannot deadlock.
+    ORDER BY message_id, conflicting_sha256
     ON CONFLICT (message_id, conflicting_sha256) DO UPDATE
     SET deliveries   = inbox_conflicts.deliveries + excluded.deliveries,
         last_seen_at = now()

@@ -95,12 +95,16 @@ func TestChaos(t *testing.T) {
 			procs[i] = startProcess(t, env)
 			detail = fmt.Sprintf("process %d stopped in %s", i, took.Round(time.Millisecond))
 		case "close RabbitMQ connections":
-			detail = fmt.Sprintf("%d connections", b.broker.CloseConnections(t, "inboxd"))
+			n := b.broker.CloseConnections(t, "inboxd")
+			require.Positive(t, n, "connections to close")
+			detail = fmt.Sprintf("%d connections", n)
 		case "terminate PostgreSQL backends":
-			detail = fmt.Sprintf("%d backends", b.count(t, `
+			n := b.count(t, `
 				SELECT count(*) FROM (
 					SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name LIKE $1 || '%'
-				) AS t`, appName))
+				) AS t`, appName)
+			require.Positive(t, n, "backends to terminate")
+			detail = fmt.Sprintf("%d backends", n)
 		}
 		injected[f.kind]++
 		log = append(log, fmt.Sprintf("%7s  %s (%s)", time.Since(started).Round(time.Millisecond), f.kind, detail))
@@ -174,4 +178,8 @@ func TestChaos(t *testing.T) {
 	for kind, n := range chaosFaults {
 		require.GreaterOrEqual(t, injected[kind], n, kind)
 	}
+	require.Zero(t, b.count(t, `
+		SELECT count(*) FROM inbox i
+		WHERE (SELECT count(*) FROM inbox_attempts a WHERE a.inbox_id = i.id AND a.run = i.replay_count) <> i.attempts`),
+		"every attempt, crashed ones included, is in the history")
 }

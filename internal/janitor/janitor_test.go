@@ -2,6 +2,7 @@ package janitor_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"sync"
@@ -183,16 +184,14 @@ func TestJanitorOnAMillionRows(t *testing.T) {
 	wg.Go(func() { ingest(ingestCtx, "during", &during) })
 	started := time.Now()
 	results := make([]janitor.Result, 2)
+	errs := make([]error, 2)
 	var janitors sync.WaitGroup
 	for i := range results {
 		j := newJanitor(t, db.Pool, janitor.Config{Retention: 7 * 24 * time.Hour, DeadRetention: 30 * 24 * time.Hour, Observe: observe})
-		janitors.Go(func() {
-			res, err := j.RunOnce(ctx)
-			require.NoError(t, err)
-			results[i] = res
-		})
+		janitors.Go(func() { results[i], errs[i] = j.RunOnce(ctx) })
 	}
 	janitors.Wait()
+	require.NoError(t, errors.Join(errs...))
 	took := time.Since(started)
 	stopIngest()
 	wg.Wait()

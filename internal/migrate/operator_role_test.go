@@ -79,3 +79,17 @@ func TestOperatorRole(t *testing.T) {
 		require.Equal(t, "42501", pgErr.Code, "%s is refused with permission denied", stmt)
 	}
 }
+
+// A database administrator who creates the roles after migrating grants
+// them their rights with one call, as often as needed.
+func TestGrantRolesAgain(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	for range 2 {
+		require.Equal(t, []string{"granted to inbox_operator, inbox_service"}, db.Strings(t, "SELECT inbox_grant_roles()"))
+	}
+	require.Equal(t, 1, db.Int(t, `
+		SELECT count(*) FROM information_schema.column_privileges
+		WHERE grantee = 'inbox_operator' AND table_schema = current_schema() AND table_name = 'inbox'
+		  AND column_name = 'replay_requested' AND privilege_type = 'UPDATE'`))
+}
