@@ -27,15 +27,21 @@ SELECT count(*) FROM gone;
 -- name: JanitorDeleteDead :one
 -- JanitorDeleteDead deletes up to max_rows dead messages that died more
 -- than older_than_seconds ago and were not asked to be replayed, with their
--- attempt history, and returns how many messages it deleted.
+-- attempt history, and returns how many messages it deleted. A dead
+-- message that holds back later messages of its order is kept: deleting it
+-- would let them run out of order; an operator replays or skips it.
 WITH gone AS (
     DELETE FROM inbox
     WHERE id IN (
-        SELECT id FROM inbox
-        WHERE status = 'dead'
-          AND NOT replay_requested
-          AND processed_at < now() - make_interval(secs => sqlc.arg(older_than_seconds)::float8)
-        ORDER BY id
+        SELECT d.id FROM inbox d
+        WHERE d.status = 'dead'
+          AND NOT d.replay_requested
+          AND d.processed_at < now() - make_interval(secs => sqlc.arg(older_than_seconds)::float8)
+          AND (d.order_key IS NULL OR NOT EXISTS (
+              SELECT 1 FROM inbox l
+              WHERE l.order_key = d.order_key AND l.id > d.id AND l.status <> 'processed'
+          ))
+        ORDER BY d.id
         LIMIT sqlc.arg(max_rows)
         FOR UPDATE SKIP LOCKED
     )

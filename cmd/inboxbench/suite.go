@@ -573,13 +573,17 @@ func benchClaim(ctx context.Context, o *options, r *report) error {
 		var claims, works []time.Duration
 		for range batches {
 			started := time.Now()
-			ids, err := q.InboxClaimBatch(ctx, e.pool, dbsqlc.InboxClaimBatchParams{Process: "bench", Build: "bench", MaxRows: batchSize})
+			claimed, err := q.InboxClaimBatch(ctx, e.pool, dbsqlc.InboxClaimBatchParams{Process: "bench", Build: "bench", MaxRows: batchSize})
 			if err != nil {
 				return err
 			}
 			claims = append(claims, time.Since(started))
-			if len(ids) != batchSize {
-				return fmt.Errorf("claimed %d, want %d", len(ids), batchSize)
+			if len(claimed) != batchSize {
+				return fmt.Errorf("claimed %d, want %d", len(claimed), batchSize)
+			}
+			ids := make([]int64, len(claimed))
+			for i, c := range claimed {
+				ids[i] = c.ID
 			}
 			// Release the claim, then time a whole batch (claim, lock,
 			// handle, complete) on the same rows.

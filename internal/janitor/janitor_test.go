@@ -68,6 +68,12 @@ func TestJanitorDeletesOnlyWhatIsPastItsRetention(t *testing.T) {
 	} {
 		seedMessage(t, db.Pool, m.id, m.status, m.age)
 	}
+	// A dead message that holds back a later message of its order stays,
+	// however old: deleting it would let the order run out of order.
+	exec(t, db.Pool, `
+		INSERT INTO inbox (message_id, message_type, payload, status, attempts, received_at, processed_at, order_key)
+		VALUES ('dead-blocking', 'order.created', '{}', 'dead', 10, now() - interval '40 days', now() - interval '40 days', 'o-1'),
+		       ('held', 'order.cancelled', '{}', 'pending', 0, now() - interval '39 days', NULL, 'o-1')`)
 	exec(t, db.Pool, `
 		INSERT INTO outbox (idempotency_key, message_id, routing_key, payload, created_at, published_at)
 		VALUES ('e-old', 'processed-old', 'order.confirmed', '{}', now() - interval '9 days', now() - interval '8 days'),
@@ -88,7 +94,7 @@ func TestJanitorDeletesOnlyWhatIsPastItsRetention(t *testing.T) {
 	require.Equal(t, janitor.Result{janitor.RowsProcessed: 1, janitor.RowsDead: 1, janitor.RowsPublished: 1, janitor.RowsConflicts: 1}, res)
 	require.Equal(t, map[string]int{janitor.RowsProcessed: 1, janitor.RowsDead: 1, janitor.RowsPublished: 1, janitor.RowsConflicts: 1}, observed)
 
-	require.Equal(t, []string{"dead-past-retention", "pending-old", "processed-young"},
+	require.Equal(t, []string{"dead-blocking", "dead-past-retention", "held", "pending-old", "processed-young"},
 		db.Strings(t, "SELECT message_id FROM inbox ORDER BY message_id"))
 	require.Zero(t, db.Int(t, "SELECT count(*) FROM inbox_attempts WHERE message_id IN ('processed-old', 'dead-old')"),
 		"the history goes with its message")
