@@ -164,13 +164,14 @@ func (r *report) describeMachine(ctx context.Context, o *options) error {
 		return fmt.Errorf("connect to PostgreSQL: %w", err)
 	}
 	defer func() { _ = conn.Close(ctx) }()
-	var pgVersion, fsync, syncCommit string
-	if err := conn.QueryRow(ctx, "SELECT current_setting('server_version'), current_setting('fsync'), current_setting('synchronous_commit')").
-		Scan(&pgVersion, &fsync, &syncCommit); err != nil {
+	var pgVersion, fsync, syncCommit, autovacuum, sharedBuffers string
+	if err := conn.QueryRow(ctx, `SELECT current_setting('server_version'), current_setting('fsync'), current_setting('synchronous_commit'),
+	                                     current_setting('autovacuum'), current_setting('shared_buffers')`).
+		Scan(&pgVersion, &fsync, &syncCommit, &autovacuum, &sharedBuffers); err != nil {
 		return err
 	}
-	r.add("machine", "%d CPUs, %s %s/%s; PostgreSQL %s (fsync %s, synchronous_commit %s); persistent messages, publisher confirms, quorum queue",
-		runtime.NumCPU(), runtime.Version(), runtime.GOOS, runtime.GOARCH, pgVersion, fsync, syncCommit)
+	r.add("machine", "%d CPUs, %s %s/%s; PostgreSQL %s (fsync %s, synchronous_commit %s, autovacuum %s, shared_buffers %s); persistent messages, publisher confirms, quorum queue",
+		runtime.NumCPU(), runtime.Version(), runtime.GOOS, runtime.GOARCH, pgVersion, fsync, syncCommit, autovacuum, sharedBuffers)
 	return nil
 }
 
