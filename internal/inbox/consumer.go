@@ -579,9 +579,18 @@ func (c *Consumer) insert(ctx context.Context, rows []row) (stored, error) {
 		dups.MessageTypes = append(dups.MessageTypes, r.messageType)
 		dups.Payloads = append(dups.Payloads, r.payload)
 	}
-	conflicts, err := c.queries.InboxRecordConflicts(ctx, c.pool, dups)
-	if err != nil {
-		return stored{}, fmt.Errorf("record conflicting duplicates: %w", err)
+	// The insert has committed: retry only this statement while the store
+	// timeout allows, so that a failure here does not send the whole batch
+	// round again (its new rows would then count as duplicates).
+	var conflicts []dbsqlc.InboxRecordConflictsRow
+	for attempt := 1; ; attempt++ {
+		conflicts, err = c.queries.InboxRecordConflicts(ctx, c.pool, dups)
+		if err == nil {
+			break
+		}
+		if isDataError(err) || !retry.Sleep(ctx, retry.Backoff(attempt, 50*time.Millisecond, time.Second)) {
+			return stored{}, fmt.Errorf("record conflicting duplicates: %w", err)
+		}
 	}
 	for _, cf := range conflicts {
 		res.conflicts += int(cf.Deliveries)
