@@ -91,6 +91,10 @@ func TestChaos(t *testing.T) {
 			procs[i] = startProcess(t, env)
 			detail = fmt.Sprintf("process %d", i)
 		case "SIGTERM and restart":
+			// A graceful stop of a serving process: one restarted a moment
+			// ago may not have installed its signal handler yet.
+			require.Eventually(t, func() bool { return procs[i].logContains(`"inboxd serving"`) },
+				30*time.Second, 10*time.Millisecond, "process %d serves", i)
 			took := procs[i].terminate(30 * time.Second)
 			procs[i] = startProcess(t, env)
 			detail = fmt.Sprintf("process %d stopped in %s", i, took.Round(time.Millisecond))
