@@ -206,11 +206,7 @@ func benchDomain(ctx context.Context, o *options, r *report) error {
 	if o.preload {
 		publish()
 	}
-	httpAddr, err := freeAddr()
-	if err != nil {
-		return err
-	}
-	svc, err := startInboxd(o, e.dbURL, e.amqpURL, httpAddr, e.name)
+	svc, httpAddr, err := e.startInboxd(o)
 	if err != nil {
 		return err
 	}

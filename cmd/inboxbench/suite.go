@@ -70,6 +70,17 @@ func (e *benchEnv) close() {
 	e.cleanup()
 }
 
+// startInboxd runs `inboxd serve` on the scenario's schema and virtual
+// host, and returns it with its HTTP address.
+func (e *benchEnv) startInboxd(o *options) (*service, string, error) {
+	httpAddr, err := freeAddr()
+	if err != nil {
+		return nil, "", err
+	}
+	svc, err := startInboxd(o, e.dbURL, e.amqpURL, httpAddr, e.name)
+	return svc, httpAddr, err
+}
+
 // newPool opens a pool of its own on the scenario's schema.
 func (e *benchEnv) newPool(ctx context.Context, maxConns int32) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(e.dbURL)
@@ -336,11 +347,7 @@ func benchSteady(ctx context.Context, o *options, r *report) error {
 		return err
 	}
 	defer e.close()
-	httpAddr, err := freeAddr()
-	if err != nil {
-		return err
-	}
-	svc, err := startInboxd(o, e.dbURL, e.amqpURL, httpAddr, e.name)
+	svc, httpAddr, err := e.startInboxd(o)
 	if err != nil {
 		return err
 	}
