@@ -103,11 +103,15 @@ func TestChaos(t *testing.T) {
 			require.Positive(t, n, "connections to close")
 			detail = fmt.Sprintf("%d connections", n)
 		case "terminate PostgreSQL backends":
-			n := b.count(t, `
-				SELECT count(*) FROM (
-					SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name LIKE $1 || '%'
-				) AS t`, appName)
-			require.Positive(t, n, "backends to terminate")
+			// Processes restarted a moment ago may not have connected yet.
+			n := 0
+			require.Eventually(t, func() bool {
+				n = b.count(t, `
+					SELECT count(*) FROM (
+						SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name LIKE $1 || '%'
+					) AS t`, appName)
+				return n > 0
+			}, 30*time.Second, 10*time.Millisecond, "backends to terminate")
 			detail = fmt.Sprintf("%d backends", n)
 		}
 		injected[f.kind]++
