@@ -72,9 +72,7 @@ func TestInsufficientStockRejects(t *testing.T) {
 
 func (b *e2eBundle) resultOf(t *testing.T, messageID string) string {
 	t.Helper()
-	var r string
-	require.NoError(t, b.db.Pool.QueryRow(t.Context(), "SELECT result FROM inbox WHERE message_id = $1", messageID).Scan(&r))
-	return r
+	return b.inboxText(t, "result", messageID)
 }
 
 // Acceptance: created then cancelled for the same order, published back to

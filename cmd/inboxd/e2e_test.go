@@ -273,21 +273,9 @@ func TestMalformedInputEndsDeadWithAReason(t *testing.T) {
 	require.NoError(t, b.db.Pool.QueryRow(t.Context(), "SELECT last_error FROM inbox_dead WHERE message_id = 'bad-json'").Scan(&lastError))
 	require.Contains(t, lastError, "invalid payload: not a JSON object")
 
-	conn, err := amqp.Dial(b.broker.URL)
-	require.NoError(t, err)
-	defer conn.Close()
-	ch, err := conn.Channel()
-	require.NoError(t, err)
-	dead, err := ch.Consume(inbox.QueueDead, "", true, false, false, false, nil)
-	require.NoError(t, err)
 	reasons := map[string]string{}
-	for len(reasons) < 3 {
-		select {
-		case d := <-dead:
-			reasons[d.MessageId], _ = d.Headers[inbox.HeaderRejectReason].(string)
-		case <-time.After(20 * time.Second):
-			t.Fatalf("dead letters: %v", reasons)
-		}
+	for _, d := range b.broker.Receive(t, inbox.QueueDead, 3) {
+		reasons[d.MessageId], _ = d.Headers[inbox.HeaderRejectReason].(string)
 	}
 	require.Equal(t, "missing message_id", reasons[""])
 	require.Contains(t, reasons["huge"], "message too large")
@@ -296,11 +284,18 @@ func TestMalformedInputEndsDeadWithAReason(t *testing.T) {
 	require.False(t, p.exited(), "the consumer never crashed")
 }
 
+// status returns the inbox status of a message.
 func (b *e2eBundle) status(t *testing.T, messageID string) string {
 	t.Helper()
-	var s string
-	require.NoError(t, b.db.Pool.QueryRow(t.Context(), "SELECT status FROM inbox WHERE message_id = $1", messageID).Scan(&s))
-	return s
+	return b.inboxText(t, "status", messageID)
+}
+
+// inboxText returns a text column of a message's inbox row.
+func (b *e2eBundle) inboxText(t *testing.T, column, messageID string) string {
+	t.Helper()
+	v := b.db.Strings(t, "SELECT "+column+" FROM inbox WHERE message_id = $1", messageID)
+	require.Len(t, v, 1, "message %s", messageID)
+	return v[0]
 }
 
 // SIGTERM under load: inboxd exits within its grace period, and everything

@@ -152,27 +152,14 @@ func TestConsumer(t *testing.T) {
 			{MessageID: "fine", RoutingKey: "order.created", Body: []byte(`{}`)},
 		}, 10))
 
-		conn, err := amqp.Dial(b.broker.URL)
-		require.NoError(t, err)
-		defer conn.Close()
-		ch, err := conn.Channel()
-		require.NoError(t, err)
-		dead, err := ch.Consume(inbox.QueueDead, "", true, false, false, false, nil)
-		require.NoError(t, err)
 		reasons := map[string]string{}
-		timeout := time.After(20 * time.Second)
-		for len(reasons) < 4 {
-			select {
-			case d := <-dead:
-				reason, _ := d.Headers[inbox.HeaderRejectReason].(string)
-				reasons[d.MessageId] = reason
-				require.Equal(t, inbox.ExchangeOrders, d.Headers[inbox.HeaderOriginalExchange])
-				require.Equal(t, "order.created", d.Headers[inbox.HeaderOriginalRoutingKey])
-				if d.MessageId == "too-big" {
-					require.Len(t, d.Body, 1025, "the body is kept")
-				}
-			case <-timeout:
-				t.Fatalf("only %d dead letters arrived: %v", len(reasons), reasons)
+		for _, d := range b.broker.Receive(t, inbox.QueueDead, 4) {
+			reason, _ := d.Headers[inbox.HeaderRejectReason].(string)
+			reasons[d.MessageId] = reason
+			require.Equal(t, inbox.ExchangeOrders, d.Headers[inbox.HeaderOriginalExchange])
+			require.Equal(t, "order.created", d.Headers[inbox.HeaderOriginalRoutingKey])
+			if d.MessageId == "too-big" {
+				require.Len(t, d.Body, 1025, "the body is kept")
 			}
 		}
 		require.Equal(t, "missing message_id", reasons[""])

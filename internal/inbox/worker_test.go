@@ -142,13 +142,6 @@ const attemptHistorySQL = `
 	SELECT format('%s %s %s %s', attempt, outcome, process, build)
 	FROM inbox_attempts WHERE message_id = $1 ORDER BY run, attempt`
 
-func countEffects(t *testing.T, pool *pgxpool.Pool) int {
-	t.Helper()
-	var n int
-	require.NoError(t, pool.QueryRow(t.Context(), "SELECT count(*) FROM effects").Scan(&n))
-	return n
-}
-
 func TestWorker(t *testing.T) {
 	t.Parallel()
 
@@ -161,7 +154,7 @@ func TestWorker(t *testing.T) {
 		n, err := w.RunOnce(t.Context())
 		require.NoError(t, err)
 		require.Equal(t, 10, n)
-		require.Equal(t, 10, countEffects(t, b.db.Pool))
+		require.Equal(t, 10, b.db.Int(t, "SELECT count(*) FROM effects"))
 		r := readRow(t, b.db.Pool, "m-3")
 		require.Equal(t, inbox.StatusProcessed, r.Status)
 		require.Equal(t, 1, r.Attempts)
@@ -185,7 +178,7 @@ func TestWorker(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, 20, n)
 
-		require.Equal(t, 18, countEffects(t, b.db.Pool), "every good message committed its effect once")
+		require.Equal(t, 18, b.db.Int(t, "SELECT count(*) FROM effects"), "every good message committed its effect once")
 		broken := readRow(t, b.db.Pool, "m-7")
 		require.Equal(t, inbox.StatusPending, broken.Status)
 		require.Equal(t, 1, broken.Attempts)
@@ -214,7 +207,7 @@ func TestWorker(t *testing.T) {
 		require.Equal(t, "downstream unavailable", *r.LastError)
 		require.Equal(t, 3, b.handler.calls["m-0"])
 		require.Equal(t, inbox.StatusProcessed, readRow(t, b.db.Pool, "m-1").Status)
-		require.Equal(t, 1, countEffects(t, b.db.Pool))
+		require.Equal(t, 1, b.db.Int(t, "SELECT count(*) FROM effects"))
 	})
 
 	t.Run("PanicIsAFailedAttempt", func(t *testing.T) {
@@ -229,7 +222,7 @@ func TestWorker(t *testing.T) {
 		r := readRow(t, b.db.Pool, "m-1")
 		require.Equal(t, inbox.StatusPending, r.Status)
 		require.Contains(t, *r.LastError, "handler panicked")
-		require.Equal(t, 2, countEffects(t, b.db.Pool))
+		require.Equal(t, 2, b.db.Int(t, "SELECT count(*) FROM effects"))
 	})
 
 	t.Run("WorkersNeverHandleTheSameRowAtOnce", func(t *testing.T) {
@@ -251,7 +244,7 @@ func TestWorker(t *testing.T) {
 		for _, w := range workers {
 			w.Notify()
 		}
-		require.Eventually(t, func() bool { return countEffects(t, b.db.Pool) == n }, 60*time.Second, 20*time.Millisecond)
+		require.Eventually(t, func() bool { return b.db.Int(t, "SELECT count(*) FROM effects") == n }, 60*time.Second, 20*time.Millisecond)
 		for _, w := range workers {
 			w.Stop(t.Context())
 		}
@@ -338,7 +331,7 @@ func TestWorkerFailureIsBounded(t *testing.T) {
 			return readRow(t, b.db.Pool, "m-0").Status == inbox.StatusProcessed
 		}, 10*time.Second, 10*time.Millisecond)
 		require.Equal(t, fails+1, readRow(t, b.db.Pool, "m-0").Attempts)
-		require.Equal(t, 1, countEffects(t, b.db.Pool), "effects once")
+		require.Equal(t, 1, b.db.Int(t, "SELECT count(*) FROM effects"), "effects once")
 	})
 
 	t.Run("RetryAfterOverridesTheBackoff", func(t *testing.T) {
@@ -386,7 +379,7 @@ func TestWorkerFailureIsBounded(t *testing.T) {
 		r := readRow(t, b.db.Pool, "m-0")
 		require.Contains(t, *r.LastError, "gave up after 3 attempts")
 		require.Zero(t, b.handler.calls["m-0"], "not handled again")
-		require.Equal(t, 1, countEffects(t, b.db.Pool))
+		require.Equal(t, 1, b.db.Int(t, "SELECT count(*) FROM effects"))
 
 		// The history names every lost attempt with the process and build
 		// that made it, and the attempt that gave up.
@@ -682,7 +675,7 @@ func TestReplayBySQLFlag(t *testing.T) {
 	var flagged int
 	require.NoError(t, b.db.Pool.QueryRow(t.Context(), "SELECT count(*) FROM inbox WHERE replay_requested").Scan(&flagged))
 	require.Zero(t, flagged, "flags cleared when done")
-	require.Equal(t, 3, countEffects(t, b.db.Pool), "the replay doubled no effect")
+	require.Equal(t, 3, b.db.Int(t, "SELECT count(*) FROM effects"), "the replay doubled no effect")
 
 	// Only a replay changes the audit columns; a flag on a pending row is dropped.
 	_, err = b.db.Pool.Exec(t.Context(), "UPDATE inbox SET replay_count = 99, replayed_by = 'someone' WHERE message_id = 'm-0'")

@@ -109,9 +109,7 @@ func (b *bundle) receive(t *testing.T, keys map[string]bool) map[string]int {
 
 func (b *bundle) unpublished(t *testing.T) int {
 	t.Helper()
-	var n int
-	require.NoError(t, b.db.Pool.QueryRow(context.WithoutCancel(t.Context()), "SELECT count(*) FROM outbox WHERE published_at IS NULL").Scan(&n))
-	return n
+	return b.db.Int(t, "SELECT count(*) FROM outbox WHERE published_at IS NULL")
 }
 
 func TestRelay(t *testing.T) {

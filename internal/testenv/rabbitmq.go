@@ -57,6 +57,31 @@ func (b *Broker) ReadyMessages(tb testing.TB, queue string) int {
 	return q.Messages
 }
 
+// Receive consumes n messages from a queue of the virtual host (acking
+// them) and returns them, failing the test if they have not all arrived
+// within 20 seconds.
+func (b *Broker) Receive(tb testing.TB, queue string, n int) []amqp.Delivery {
+	tb.Helper()
+	conn, err := amqp.Dial(b.URL)
+	require.NoError(tb, err)
+	defer conn.Close()
+	ch, err := conn.Channel()
+	require.NoError(tb, err)
+	deliveries, err := ch.Consume(queue, "", true, false, false, false, nil)
+	require.NoError(tb, err)
+	var got []amqp.Delivery
+	timeout := time.After(20 * time.Second)
+	for len(got) < n {
+		select {
+		case d := <-deliveries:
+			got = append(got, d)
+		case <-timeout:
+			require.FailNowf(tb, "messages missing", "only %d of %d messages arrived on %s", len(got), n, queue)
+		}
+	}
+	return got
+}
+
 // CloseConnections closes, from the broker's side, every client connection
 // to the virtual host whose connection_name contains nameContains, as an
 // operator or a broker restart would. The management API learns of new
