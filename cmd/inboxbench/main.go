@@ -51,6 +51,7 @@ import (
 	"github.com/orderconfirm/inboxd/internal/loadgen"
 	"github.com/orderconfirm/inboxd/internal/migrate"
 	"github.com/orderconfirm/inboxd/internal/rabbitadmin"
+	"github.com/orderconfirm/inboxd/internal/sandbox"
 )
 
 func main() {
@@ -261,34 +262,8 @@ func seedStock(ctx context.Context, pool *pgxpool.Pool, skus int) error {
 	return nil
 }
 
-func createSchema(ctx context.Context, databaseURL, schema string) (string, func(), error) {
-	conn, err := pgx.Connect(ctx, databaseURL)
-	if err != nil {
-		return "", nil, fmt.Errorf("connect to PostgreSQL: %w", err)
-	}
-	defer func() { _ = conn.Close(ctx) }()
-	if _, err := conn.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
-		return "", nil, err
-	}
-	cleanup := func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		if c, err := pgx.Connect(ctx, databaseURL); err == nil {
-			_, _ = c.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
-			_ = c.Close(ctx)
-		}
-	}
-	u, err := url.Parse(databaseURL)
-	if err != nil {
-		cleanup()
-		return "", nil, err
-	}
-	q := u.Query()
-	q.Set("search_path", schema)
-	u.RawQuery = q.Encode()
-	return u.String(), cleanup, nil
-}
-
+// createVhost creates a virtual host through the management API at adminURL
+// (by default port 15672 of the AMQP host, with the same credentials).
 func createVhost(ctx context.Context, amqpURL, adminURL, vhost string) (string, func(), error) {
 	u, err := url.Parse(amqpURL)
 	if err != nil {
@@ -301,15 +276,12 @@ func createVhost(ctx context.Context, amqpURL, adminURL, vhost string) (string, 
 	if err != nil {
 		return "", nil, err
 	}
-	if err := admin.CreateVhost(ctx, vhost, u.User.Username()); err != nil {
+	vhostURL, drop, err := sandbox.CreateVhost(ctx, admin, amqpURL, vhost)
+	if err != nil {
+		admin.Close()
 		return "", nil, err
 	}
-	u.Path, u.RawPath = "/"+vhost, "/"+url.PathEscape(vhost)
-	cleanup := func() {
-		_ = admin.DeleteVhost(context.Background(), vhost)
-		admin.Close()
-	}
-	return u.String(), cleanup, nil
+	return vhostURL, func() { drop(); admin.Close() }, nil
 }
 
 type service struct {

@@ -22,6 +22,7 @@ import (
 	"github.com/orderconfirm/inboxd/internal/dbsqlc"
 	"github.com/orderconfirm/inboxd/internal/inbox"
 	"github.com/orderconfirm/inboxd/internal/loadgen"
+	"github.com/orderconfirm/inboxd/internal/sandbox"
 )
 
 // benchEnv is a fresh schema and virtual host for one scenario.
@@ -37,7 +38,7 @@ type benchEnv struct {
 // the service's topology, named after the scenario.
 func newEnv(ctx context.Context, o *options, scenario string) (*benchEnv, error) {
 	name := fmt.Sprintf("bench_%s_%d", scenario, time.Now().Unix())
-	dbURL, cleanupDB, err := createSchema(ctx, o.databaseURL, name)
+	dbURL, cleanupDB, err := sandbox.CreateSchema(ctx, o.databaseURL, name)
 	if err != nil {
 		return nil, err
 	}

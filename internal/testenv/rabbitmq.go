@@ -2,7 +2,6 @@ package testenv
 
 import (
 	"context"
-	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/orderconfirm/inboxd/internal/rabbitadmin"
+	"github.com/orderconfirm/inboxd/internal/sandbox"
 )
 
 // Broker is a RabbitMQ virtual host of its own for one test.
@@ -32,14 +32,10 @@ func NewBroker(tb testing.TB) *Broker {
 	ctx := context.WithoutCancel(tb.Context())
 	vhost := uniqueName()
 
-	u, err := url.Parse(s.amqpURL)
+	vhostURL, drop, err := sandbox.CreateVhost(ctx, s.admin, s.amqpURL, vhost)
 	require.NoError(tb, err)
-	require.NoError(tb, s.admin.CreateVhost(ctx, vhost, u.User.Username()))
-	tb.Cleanup(func() { _ = s.admin.DeleteVhost(context.Background(), vhost) })
-
-	u.Path = "/" + vhost
-	u.RawPath = "/" + url.PathEscape(vhost)
-	return &Broker{Vhost: vhost, URL: u.String(), admin: s.admin, closed: map[string]bool{}}
+	tb.Cleanup(drop)
+	return &Broker{Vhost: vhost, URL: vhostURL, admin: s.admin, closed: map[string]bool{}}
 }
 
 // ReadyMessages returns the exact number of messages in a queue of the

@@ -35,6 +35,7 @@ import (
 
 	"github.com/orderconfirm/inboxd/internal/migrate"
 	"github.com/orderconfirm/inboxd/internal/rabbitadmin"
+	"github.com/orderconfirm/inboxd/internal/sandbox"
 )
 
 // namePrefix starts the name of every schema and virtual host made here; the
@@ -194,15 +195,10 @@ func NewDB(tb testing.TB) *DB {
 	ctx := context.WithoutCancel(tb.Context())
 	schema := uniqueName()
 
-	admin, err := pgx.Connect(ctx, s.databaseURL)
+	dbURL, drop, err := sandbox.CreateSchema(ctx, s.databaseURL, schema)
 	require.NoError(tb, err)
-	defer func() { _ = admin.Close(ctx) }()
-	_, err = admin.Exec(ctx, "CREATE SCHEMA "+schema)
-	require.NoError(tb, err)
-	tb.Cleanup(func() { dropSchema(s.databaseURL, schema) })
+	tb.Cleanup(drop)
 
-	dbURL, err := withQuery(s.databaseURL, "search_path", schema)
-	require.NoError(tb, err)
 	connConfig, err := pgx.ParseConfig(dbURL)
 	require.NoError(tb, err)
 	_, err = migrate.Up(ctx, connConfig, discardLogger())
@@ -232,29 +228,6 @@ func (db *DB) Int(tb testing.TB, query string, args ...any) int {
 	return n
 }
 
-func dropSchema(databaseURL, schema string) {
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, databaseURL)
-	if err != nil {
-		return
-	}
-	defer func() { _ = conn.Close(ctx) }()
-	_, _ = conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+schema+" CASCADE")
-}
-
-// withQuery sets one query parameter of a connection URL.
-func withQuery(rawURL, key, value string) (string, error) {
-	u, err := url.Parse(rawURL)
-	if err != nil {
-		return "", fmt.Errorf("parse database URL: %w", err)
-	}
-	q := u.Query()
-	q.Set(key, value)
-	u.RawQuery = q.Encode()
-	return u.String(), nil
-}
-
 // sweepStale removes schemas and virtual hosts left behind by runs that were
 // killed before their cleanups ran.
 func sweepStale(s *serverSet) {
@@ -266,7 +239,7 @@ func sweepStale(s *serverSet) {
 			names, _ := pgx.CollectRows(rows, pgx.RowTo[string])
 			for _, n := range names {
 				if isStale(n) {
-					_, _ = conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+n+" CASCADE")
+					sandbox.DropSchema(s.databaseURL, n)
 				}
 			}
 		}
