@@ -2,13 +2,14 @@
 -- InboxInsertMany stores a batch of messages in arrival order, skipping every
 -- message whose message_id is already in the inbox (or earlier in the batch),
 -- and returns the message ids it inserted. The ids it does not return were
--- duplicates.
+-- duplicates. The rows take their ids in the order of the arrays: ingest
+-- passes them in the order the broker delivered them, and the workers
+-- handle each order's messages in id order.
 INSERT INTO inbox (message_id, message_type, routing_key, payload, order_key)
-SELECT unnest(@message_ids::text[]),
-       unnest(@message_types::text[]),
-       unnest(@routing_keys::text[]),
-       unnest(@payloads::bytea[]),
-       nullif(unnest(@order_keys::text[]), '')
+SELECT m.message_id, m.message_type, m.routing_key, m.payload, nullif(m.order_key, '')
+FROM ROWS FROM (unnest(@message_ids::text[]), unnest(@message_types::text[]), unnest(@routing_keys::text[]),
+               unnest(@payloads::bytea[]), unnest(@order_keys::text[])) WITH ORDINALITY AS m (message_id, message_type, routing_key, payload, order_key, n)
+ORDER BY m.n
 ON CONFLICT (message_id) DO NOTHING
 RETURNING message_id;
 
@@ -52,16 +53,23 @@ RETURNING inbox.id, inbox.claimed_at::timestamptz AS claimed_at;
 -- handling it), counts an attempt for it, and writes the lost attempt to
 -- inbox_attempts as abandoned. A claim younger than lease_seconds is left
 -- alone, as its worker may be about to lock the row; a row that a worker
--- has locked is skipped.
+-- has locked is skipped. As in InboxClaimBatch, a message waits while an
+-- earlier message of its order is open.
 WITH target AS (
-    SELECT id, message_id, attempts, replay_count, claimed_at, claimed_by, claimed_build
-    FROM inbox
-    WHERE status = 'pending'
-      AND next_attempt_at <= now()
-      AND claimed_at < now() - make_interval(secs => sqlc.arg(lease_seconds)::float8)
-    ORDER BY id
+    SELECT i.id, i.message_id, i.attempts, i.replay_count, i.claimed_at, i.claimed_by, i.claimed_build
+    FROM inbox i
+    WHERE i.status = 'pending'
+      AND i.next_attempt_at <= now()
+      AND i.claimed_at < now() - make_interval(secs => sqlc.arg(lease_seconds)::float8)
+      AND (i.order_key IS NULL OR NOT EXISTS (
+          SELECT 1 FROM inbox e
+          WHERE e.order_key = i.order_key
+            AND e.id < i.id
+            AND e.status <> 'processed'
+      ))
+    ORDER BY i.id
     LIMIT 1
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF i SKIP LOCKED
 ), claimed AS (
     UPDATE inbox
     SET attempts = inbox.attempts + 1,

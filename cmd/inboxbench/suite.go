@@ -106,7 +106,7 @@ func (noopHandler) HandleBatch(_ context.Context, _ pgx.Tx, msgs []inbox.Message
 	return out, nil
 }
 
-// core is the inbox alone, in this process: ingest (2 channels, batches of
+// core is the inbox alone, in this process: ingest (one channel, batches of
 // 500) and workers (2 × 1000) as inboxd runs them, with a handler that does
 // nothing. It returns the consumer and worker, started.
 type core struct {
@@ -216,7 +216,7 @@ func benchCore(ctx context.Context, o *options, r *report) error {
 		return err
 	}
 	r.core = float64(len(w.Messages)) / took.Seconds()
-	r.add("1. core path, publish to processed", "%.0f msg/s (%d messages in %s; ingest 2 channels × 500, workers 2 × 1000, a handler that does nothing)",
+	r.add("1. core path, publish to processed", "%.0f msg/s (%d messages in %s; ingest 1 channel × 500, workers 2 × 1000, a handler that does nothing)",
 		r.core, len(w.Messages), took.Round(time.Millisecond))
 	return nil
 }

@@ -29,7 +29,6 @@ type config struct {
 	migrate   bool
 
 	queueType          string
-	ingestChannels     int
 	ingestBatchSize    int
 	ingestLinger       time.Duration
 	prefetch           int
@@ -86,7 +85,6 @@ func (c *config) settings() []setting {
 		{name: "INBOX_LOG_FORMAT", def: "json", doc: "json or text", apply: oneOf(&c.logFormat, "json", "text")},
 		{name: "INBOX_MIGRATE", def: "true", doc: "serve applies the migrations at start", apply: boolVar(&c.migrate)},
 		{name: "INBOX_QUEUE_TYPE", def: inbox.QueueTypeQuorum, doc: "type of the declared queues: quorum or classic", apply: oneOf(&c.queueType, inbox.QueueTypeQuorum, inbox.QueueTypeClassic)},
-		{name: "INBOX_INGEST_CHANNELS", def: "2", doc: "AMQP channels consuming at once, each with its own batches", apply: intVar(&c.ingestChannels, 1, 64)},
 		{name: "INBOX_INGEST_BATCH_SIZE", def: "500", doc: "most deliveries stored per insert", apply: intVar(&c.ingestBatchSize, 1, 10000)},
 		{name: "INBOX_INGEST_LINGER", def: "5ms", doc: "how long a batch that is not full waits for more deliveries", apply: durationVar(&c.ingestLinger, time.Microsecond)},
 		{name: "INBOX_PREFETCH", def: "1000", doc: "unacknowledged deliveries per channel (AMQP QoS)", apply: intVar(&c.prefetch, 1, 65535)},

@@ -90,6 +90,15 @@ Commands:
   serve     run ingest, workers and the HTTP endpoint until SIGINT or SIGTERM
   help      show this text
 
+Ordering:
+  The messages of one order are handled, and the events they cause
+  published, in the order the broker delivered them from
+  order-confirmation.inbox: for one producer channel, the order it published
+  them in. This holds on any number of replicas and through crashes: the
+  queue has a single active consumer (the other replicas stand by), and a
+  message waits while an earlier one of its order is open. Messages of one
+  order published at once by two producers race at the broker.
+
 Environment:
 `)
 	tw := tabwriter.NewWriter(w, 2, 8, 2, ' ', 0)

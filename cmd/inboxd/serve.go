@@ -45,9 +45,18 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
 		return err
 	}
 
+	// A broker that is down is waited for in the background; a topology
+	// that this build cannot use is not.
+	if err := inbox.Declare(cfg.amqpURL, cfg.queueType); errors.Is(err, inbox.ErrInboxQueueOutdated) {
+		return err
+	} else if err != nil {
+		logger.Warn("broker not reachable at start, connecting in the background", slog.String("error", redact(err.Error(), cfg.amqpURL)))
+	}
+
 	// Ingest and workers have pools of their own, so neither can starve the
 	// other of connections.
-	ingestPool, err := newPool(ctx, cfg, "ingest", cfg.ingestChannels+1)
+	// Ingest stores one batch at a time, and records conflicts after it.
+	ingestPool, err := newPool(ctx, cfg, "ingest", 2)
 	if err != nil {
 		return err
 	}
@@ -91,7 +100,6 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
 		Logger:                 logger,
 		ConnectionName:         "inboxd ingest " + process,
 		QueueType:              cfg.queueType,
-		Channels:               cfg.ingestChannels,
 		BatchSize:              cfg.ingestBatchSize,
 		Linger:                 cfg.ingestLinger,
 		Prefetch:               cfg.prefetch,
@@ -176,7 +184,7 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
 	}
 	logger.Info("inboxd serving", slog.String("http_addr", ln.Addr().String()),
 		slog.String("build", build), slog.String("process", process),
-		slog.Int("workers", cfg.workers), slog.Int("ingest_channels", cfg.ingestChannels))
+		slog.Int("workers", cfg.workers))
 
 	<-ctx.Done()
 	started := time.Now()

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
@@ -38,16 +37,13 @@ type ConsumerConfig struct {
 	// QueueType is the type of the declared queues, QueueTypeQuorum or
 	// QueueTypeClassic. Defaults to QueueTypeQuorum.
 	QueueType string
-	// Channels is the number of channels consuming at once, each with its own
-	// batches. Defaults to 2.
-	Channels int
 	// BatchSize is the most deliveries stored per insert. Defaults to 500.
 	BatchSize int
 	// Linger is how long a batch that is not full waits for more deliveries
 	// before it is stored. Defaults to 5 milliseconds.
 	Linger time.Duration
 	// Prefetch is the number of unacknowledged deliveries the broker may send
-	// each channel. Defaults to twice BatchSize.
+	// ahead. Defaults to twice BatchSize.
 	Prefetch int
 	// MaxMessageBytes is the largest body stored; larger deliveries are
 	// dead-lettered. Defaults to 1 MiB.
@@ -94,7 +90,6 @@ func (c *ConsumerConfig) withDefaults() (*ConsumerConfig, error) {
 	out.Logger = cmp.Or(out.Logger, slog.Default())
 	out.ConnectionName = cmp.Or(out.ConnectionName, "inboxd ingest")
 	out.QueueType = cmp.Or(out.QueueType, QueueTypeQuorum)
-	out.Channels = cmp.Or(out.Channels, 2)
 	out.BatchSize = cmp.Or(out.BatchSize, 500)
 	out.Linger = cmp.Or(out.Linger, 5*time.Millisecond)
 	out.Prefetch = cmp.Or(out.Prefetch, 2*out.BatchSize)
@@ -106,8 +101,8 @@ func (c *ConsumerConfig) withDefaults() (*ConsumerConfig, error) {
 		return nil, errors.New("consumer: URL is required")
 	case out.QueueType != QueueTypeQuorum && out.QueueType != QueueTypeClassic:
 		return nil, fmt.Errorf("consumer: QueueType must be %q or %q, got %q", QueueTypeQuorum, QueueTypeClassic, out.QueueType)
-	case out.Channels < 1, out.BatchSize < 1, out.Prefetch < 1, out.MaxMessageBytes < 1:
-		return nil, errors.New("consumer: Channels, BatchSize, Prefetch and MaxMessageBytes must be positive")
+	case out.BatchSize < 1, out.Prefetch < 1, out.MaxMessageBytes < 1:
+		return nil, errors.New("consumer: BatchSize, Prefetch and MaxMessageBytes must be positive")
 	case out.Linger <= 0, out.Heartbeat <= 0, out.StoreTimeout <= 0:
 		return nil, errors.New("consumer: Linger, Heartbeat and StoreTimeout must be positive")
 	}
@@ -130,7 +125,7 @@ type Consumer struct {
 	logger  *slog.Logger
 	queries *dbsqlc.Queries
 
-	consuming atomic.Int32
+	consuming atomic.Bool
 
 	service startstop.Service
 }
@@ -149,10 +144,10 @@ func NewConsumer(pool *pgxpool.Pool, cfg *ConsumerConfig) (*Consumer, error) {
 	}, nil
 }
 
-// Consuming reports whether every configured channel is consuming.
-func (c *Consumer) Consuming() bool {
-	return int(c.consuming.Load()) == c.cfg.Channels
-}
+// Consuming reports whether the consumer is registered with the broker:
+// receiving, or standing by while another process is the queue's single
+// active consumer.
+func (c *Consumer) Consuming() bool { return c.consuming.Load() }
 
 // Start connects in the background and returns at once.
 func (c *Consumer) Start(ctx context.Context) error {
@@ -186,9 +181,8 @@ func (c *Consumer) run(fetchCtx, workCtx context.Context) {
 	}
 }
 
-// session runs one connection: it declares the topology and consumes on
-// cfg.Channels channels until the connection or any channel fails, or until
-// fetchCtx ends.
+// session runs one connection: it declares the topology and consumes on one
+// channel until the connection or the channel fails, or until fetchCtx ends.
 func (c *Consumer) session(fetchCtx, workCtx context.Context) error {
 	conn, err := amqp.DialConfig(c.cfg.URL, amqp.Config{
 		Heartbeat: c.cfg.Heartbeat,
@@ -215,19 +209,16 @@ func (c *Consumer) session(fetchCtx, workCtx context.Context) error {
 
 	sessCtx, cancel := context.WithCancelCause(fetchCtx)
 	defer cancel(nil)
-	var wg sync.WaitGroup
-	for i := range c.cfg.Channels {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			err := c.consume(sessCtx, workCtx, conn, i)
-			if err == nil && fetchCtx.Err() == nil {
-				err = errors.New("consumer stopped")
-			}
-			cancel(err)
-		}()
-	}
-	c.logger.Info("connected to broker", slog.Int("channels", c.cfg.Channels))
+	consumed := make(chan struct{})
+	go func() {
+		defer close(consumed)
+		err := c.consume(sessCtx, workCtx, conn)
+		if err == nil && fetchCtx.Err() == nil {
+			err = errors.New("consumer stopped")
+		}
+		cancel(err)
+	}()
+	c.logger.Info("connected to broker")
 	select {
 	case amqpErr := <-connClosed:
 		if amqpErr == nil {
@@ -237,15 +228,17 @@ func (c *Consumer) session(fetchCtx, workCtx context.Context) error {
 		}
 	case <-sessCtx.Done():
 	}
-	wg.Wait()
+	<-consumed
 	if fetchCtx.Err() != nil {
 		return nil
 	}
 	return context.Cause(sessCtx)
 }
 
-// consume runs one consuming channel and its batches.
-func (c *Consumer) consume(sessCtx, workCtx context.Context, conn *amqp.Connection, n int) error {
+// consume runs the consuming channel and its batches. Batches are stored one
+// after the other, each after the one before it has committed, so that the
+// inbox's ids follow the order in which the broker delivered the messages.
+func (c *Consumer) consume(sessCtx, workCtx context.Context, conn *amqp.Connection) error {
 	ch, err := conn.Channel()
 	if err != nil {
 		return fmt.Errorf("open channel: %w", err)
@@ -267,13 +260,13 @@ func (c *Consumer) consume(sessCtx, workCtx context.Context, conn *amqp.Connecti
 		return fmt.Errorf("enable publisher confirms: %w", err)
 	}
 
-	tag := fmt.Sprintf("%s #%d", c.cfg.ConnectionName, n)
+	tag := c.cfg.ConnectionName
 	deliveries, err := ch.Consume(QueueInbox, tag, false, false, false, false, nil)
 	if err != nil {
 		return fmt.Errorf("consume %q: %w", QueueInbox, err)
 	}
-	c.consuming.Add(1)
-	defer c.consuming.Add(-1)
+	c.consuming.Store(true)
+	defer c.consuming.Store(false)
 
 	b := &batch{consumer: c, ch: ch, dlch: dlch, stopping: sessCtx.Done()}
 	linger := time.NewTimer(time.Hour)

@@ -72,7 +72,7 @@ func TestConsumer(t *testing.T) {
 	t.Run("StoresEachMessageOnceAndAcksIt", func(t *testing.T) {
 		t.Parallel()
 		b := setupConsumer(t)
-		stop := b.start(t, inbox.ConsumerConfig{BatchSize: 50, Channels: 1}) // one channel keeps arrival order
+		stop := b.start(t, inbox.ConsumerConfig{BatchSize: 50})
 		msgs := messages("m", 300)
 		msgs = append(msgs, msgs[:90]...) // redeliveries under the same ids
 		msgs = append(msgs, messages("last", 1)...)
@@ -96,7 +96,7 @@ func TestConsumer(t *testing.T) {
 		b := setupConsumer(t)
 		var mu sync.Mutex
 		var total inbox.IngestStats
-		b.start(t, inbox.ConsumerConfig{BatchSize: 50, Channels: 1, Observe: func(s inbox.IngestStats) {
+		b.start(t, inbox.ConsumerConfig{BatchSize: 50, Observe: func(s inbox.IngestStats) {
 			mu.Lock()
 			defer mu.Unlock()
 			total.Duplicates += s.Duplicates

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"sync"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -142,10 +143,17 @@ func OrderCreatedBody(orderID string, n int) []byte {
 	return b
 }
 
-// Publish publishes msgs to the orders exchange in order, as persistent
-// messages, and returns once the broker has confirmed every one. It keeps up
-// to window publishes unconfirmed at a time.
+// Publish publishes msgs to the orders exchange in order, on one channel, as
+// persistent messages, and returns once the broker has confirmed every one.
+// It keeps up to window publishes unconfirmed at a time.
 func Publish(ctx context.Context, amqpURL string, msgs []Message, window int) error {
+	return PublishPaced(ctx, amqpURL, msgs, window, 0)
+}
+
+// PublishPaced is Publish at about perSecond messages a second (as fast as
+// the broker confirms when perSecond is 0), all on one channel, so that the
+// broker's order is msgs' order.
+func PublishPaced(ctx context.Context, amqpURL string, msgs []Message, window, perSecond int) error {
 	conn, ch, err := dial(amqpURL)
 	if err != nil {
 		return err
@@ -173,7 +181,17 @@ func Publish(ctx context.Context, amqpURL string, msgs []Message, window int) er
 		}
 		return nil
 	}
-	for _, m := range msgs {
+	started := time.Now()
+	for i, m := range msgs {
+		if perSecond > 0 {
+			if ahead := time.Until(started.Add(time.Duration(i) * time.Second / time.Duration(perSecond))); ahead > 0 {
+				select {
+				case <-time.After(ahead):
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+			}
+		}
 		if len(pending) == window {
 			if err := waitOldest(); err != nil {
 				return err
@@ -216,12 +234,7 @@ func PublishParallel(ctx context.Context, amqpURL string, msgs []Message, n, win
 // DeclareTopology declares the service's exchanges and queues, so that
 // messages published before the service first connects are not unroutable.
 func DeclareTopology(amqpURL, queueType string) error {
-	conn, ch, err := dial(amqpURL)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	return inbox.DeclareTopology(ch, queueType)
+	return inbox.Declare(amqpURL, queueType)
 }
 
 // dial opens a connection and a channel on it; closing the connection
