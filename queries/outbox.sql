@@ -1,11 +1,12 @@
 -- name: OutboxInsertMany :exec
 -- OutboxInsertMany records effects to publish, skipping every one whose
--- idempotency key is already in the outbox.
-INSERT INTO outbox (idempotency_key, routing_key, payload, message_id)
-SELECT unnest(@idempotency_keys::text[]),
-       unnest(@routing_keys::text[]),
-       unnest(@payloads::text[])::jsonb,
-       unnest(@message_ids::text[])
+-- idempotency key is already in the outbox. The rows take their ids in the
+-- order of the arrays, which is the order the relay publishes them in.
+INSERT INTO outbox (idempotency_key, routing_key, payload, message_id, order_key)
+SELECT e.idempotency_key, e.routing_key, e.payload::jsonb, e.message_id, nullif(e.order_key, '')
+FROM ROWS FROM (unnest(@idempotency_keys::text[]), unnest(@routing_keys::text[]), unnest(@payloads::text[]),
+               unnest(@message_ids::text[]), unnest(@order_keys::text[])) WITH ORDINALITY AS e (idempotency_key, routing_key, payload, message_id, order_key, n)
+ORDER BY e.n
 ON CONFLICT (idempotency_key) DO NOTHING;
 
 -- name: OutboxClaimBatch :many
@@ -13,11 +14,15 @@ ON CONFLICT (idempotency_key) DO NOTHING;
 -- due, oldest first, skipping rows another relay is locking, and counts an
 -- attempt for each. It commits at once: the relay publishes outside any
 -- transaction, then marks the rows published.
-UPDATE outbox
-SET attempts = outbox.attempts + 1,
-    claimed_at = now()
-WHERE outbox.id IN (
-    SELECT id
+--
+-- A row is claimed only when every earlier unpublished row of its order is
+-- claimed with it: one claimed by another relay, or waiting for a retry,
+-- holds back the order's later rows. With the batch published in id order,
+-- the events of one order leave in the order they were written, whatever
+-- the number of relays. RETURNING's order is not the id order: the caller
+-- sorts.
+WITH candidate AS (
+    SELECT id, order_key
     FROM outbox
     WHERE published_at IS NULL
       AND claimed_at IS NULL
@@ -26,6 +31,18 @@ WHERE outbox.id IN (
     LIMIT sqlc.arg(max_rows)
     FOR UPDATE SKIP LOCKED
 )
+UPDATE outbox
+SET attempts = outbox.attempts + 1,
+    claimed_at = now()
+FROM candidate c
+WHERE outbox.id = c.id
+  AND (c.order_key IS NULL OR NOT EXISTS (
+      SELECT 1 FROM outbox e
+      WHERE e.order_key = c.order_key
+        AND e.id < c.id
+        AND e.published_at IS NULL
+        AND e.id NOT IN (SELECT id FROM candidate)
+  ))
 RETURNING outbox.id, outbox.idempotency_key, outbox.routing_key, outbox.payload::text AS payload, outbox.created_at, outbox.attempts;
 
 -- name: OutboxReleaseExpired :execrows

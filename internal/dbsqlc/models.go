@@ -152,6 +152,7 @@ type Outbox struct {
 	ClaimedAt      *time.Time
 	NextAttemptAt  time.Time
 	LastError      pgtype.Text
+	OrderKey       pgtype.Text
 }
 
 type OutboxBacklog struct {

@@ -11,11 +11,8 @@ import (
 )
 
 const outboxClaimBatch = `-- name: OutboxClaimBatch :many
-UPDATE outbox
-SET attempts = outbox.attempts + 1,
-    claimed_at = now()
-WHERE outbox.id IN (
-    SELECT id
+WITH candidate AS (
+    SELECT id, order_key
     FROM outbox
     WHERE published_at IS NULL
       AND claimed_at IS NULL
@@ -24,6 +21,18 @@ WHERE outbox.id IN (
     LIMIT $1
     FOR UPDATE SKIP LOCKED
 )
+UPDATE outbox
+SET attempts = outbox.attempts + 1,
+    claimed_at = now()
+FROM candidate c
+WHERE outbox.id = c.id
+  AND (c.order_key IS NULL OR NOT EXISTS (
+      SELECT 1 FROM outbox e
+      WHERE e.order_key = c.order_key
+        AND e.id < c.id
+        AND e.published_at IS NULL
+        AND e.id NOT IN (SELECT id FROM candidate)
+  ))
 RETURNING outbox.id, outbox.idempotency_key, outbox.routing_key, outbox.payload::text AS payload, outbox.created_at, outbox.attempts
 `
 
@@ -40,6 +49,13 @@ type OutboxClaimBatchRow struct {
 // due, oldest first, skipping rows another relay is locking, and counts an
 // attempt for each. It commits at once: the relay publishes outside any
 // transaction, then marks the rows published.
+//
+// A row is claimed only when every earlier unpublished row of its order is
+// claimed with it: one claimed by another relay, or waiting for a retry,
+// holds back the order's later rows. With the batch published in id order,
+// the events of one order leave in the order they were written, whatever
+// the number of relays. RETURNING's order is not the id order: the caller
+// sorts.
 func (q *Queries) OutboxClaimBatch(ctx context.Context, db DBTX, maxRows int32) ([]OutboxClaimBatchRow, error) {
 	rows, err := db.Query(ctx, outboxClaimBatch, maxRows)
 	if err != nil {
@@ -68,11 +84,11 @@ func (q *Queries) OutboxClaimBatch(ctx context.Context, db DBTX, maxRows int32) 
 }
 
 const outboxInsertMany = `-- name: OutboxInsertMany :exec
-INSERT INTO outbox (idempotency_key, routing_key, payload, message_id)
-SELECT unnest($1::text[]),
-       unnest($2::text[]),
-       unnest($3::text[])::jsonb,
-       unnest($4::text[])
+INSERT INTO outbox (idempotency_key, routing_key, payload, message_id, order_key)
+SELECT e.idempotency_key, e.routing_key, e.payload::jsonb, e.message_id, nullif(e.order_key, '')
+FROM ROWS FROM (unnest($1::text[]), unnest($2::text[]), unnest($3::text[]),
+               unnest($4::text[]), unnest($5::text[])) WITH ORDINALITY AS e (idempotency_key, routing_key, payload, message_id, order_key, n)
+ORDER BY e.n
 ON CONFLICT (idempotency_key) DO NOTHING
 `
 
@@ -81,16 +97,19 @@ type OutboxInsertManyParams struct {
 	RoutingKeys     []string
 	Payloads        []string
 	MessageIds      []string
+	OrderKeys       []string
 }
 
 // OutboxInsertMany records effects to publish, skipping every one whose
-// idempotency key is already in the outbox.
+// idempotency key is already in the outbox. The rows take their ids in the
+// order of the arrays, which is the order the relay publishes them in.
 func (q *Queries) OutboxInsertMany(ctx context.Context, db DBTX, arg OutboxInsertManyParams) error {
 	_, err := db.Exec(ctx, outboxInsertMany,
 		arg.IdempotencyKeys,
 		arg.RoutingKeys,
 		arg.Payloads,
 		arg.MessageIds,
+		arg.OrderKeys,
 	)
 	return err
 }

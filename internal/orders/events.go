@@ -51,7 +51,10 @@ type outboxRows struct {
 	p dbsqlc.OutboxInsertManyParams
 }
 
-func (o *outboxRows) add(messageID, routingKey string, body any) {
+// add records the effect routingKey, with its body, of handling the inbox
+// message messageID about order orderID. The relay publishes an order's
+// effects in the order they were added.
+func (o *outboxRows) add(messageID, orderID, routingKey string, body any) {
 	b, err := json.Marshal(body)
 	if err != nil {
 		panic(fmt.Sprintf("marshal %s event: %v", routingKey, err)) // the event types always marshal
@@ -60,6 +63,7 @@ func (o *outboxRows) add(messageID, routingKey string, body any) {
 	o.p.RoutingKeys = append(o.p.RoutingKeys, routingKey)
 	o.p.Payloads = append(o.p.Payloads, string(b))
 	o.p.MessageIds = append(o.p.MessageIds, messageID)
+	o.p.OrderKeys = append(o.p.OrderKeys, orderID)
 }
 
 func (o *outboxRows) insert(ctx context.Context, tx pgx.Tx, q *dbsqlc.Queries) error {

@@ -115,7 +115,7 @@ func (h *Handler) HandleBatch(ctx context.Context, tx pgx.Tx, msgs []inbox.Messa
 			}
 			outcomes[i].Result = result
 			if result == ResultCancelled || result == ResultCancelledUnseen {
-				events.add(msgs[i].MessageID, EventOrderCancelled, orderEvent{EventType: EventOrderCancelled, OrderID: d.OrderID, Reason: d.Reason, MessageID: msgs[i].MessageID})
+				events.add(msgs[i].MessageID, d.OrderID, EventOrderCancelled, orderEvent{EventType: EventOrderCancelled, OrderID: d.OrderID, Reason: d.Reason, MessageID: msgs[i].MessageID})
 			}
 		}
 	}
@@ -216,16 +216,16 @@ func (h *Handler) confirm(ctx context.Context, tx pgx.Tx, created []pendingCreat
 		o := c.order
 		if reason := rejections[i]; reason != "" {
 			outcomes[c.index].Result = ResultRejected
-			events.add(c.messageID, EventOrderRejected, orderEvent{
+			events.add(c.messageID, o.OrderID, EventOrderRejected, orderEvent{
 				EventType: EventOrderRejected, OrderID: o.OrderID, UserID: o.UserID, Items: o.Items, Reason: reason, MessageID: c.messageID,
 			})
 			continue
 		}
 		outcomes[c.index].Result = ResultConfirmed
-		events.add(c.messageID, EventOrderConfirmed, orderEvent{
+		events.add(c.messageID, o.OrderID, EventOrderConfirmed, orderEvent{
 			EventType: EventOrderConfirmed, OrderID: o.OrderID, UserID: o.UserID, Email: o.Email, Items: o.Items, MessageID: c.messageID,
 		})
-		events.add(c.messageID, EventEmailRequested, emailRequest{
+		events.add(c.messageID, o.OrderID, EventEmailRequested, emailRequest{
 			EventType: EventEmailRequested, Template: "order-confirmation", OrderID: o.OrderID, To: o.Email, MessageID: c.messageID,
 		})
 	}

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -84,7 +85,10 @@ func (c *RelayConfig) withDefaults() (*RelayConfig, error) {
 // whose AMQP message_id is the row's idempotency key, with publisher
 // confirms, and marks them published only after the broker confirmed them.
 // Several relays, in several processes, can share one outbox: each claims
-// its rows first. A relay that dies between publishing and marking leaves
+// its rows first, and an order's rows only once its earlier ones are
+// published or claimed in the same batch, which it publishes in id order on
+// one channel. So the events of one order leave in the order the handler
+// wrote them. A relay that dies between publishing and marking leaves
 // its claim behind; once the lease has passed the rows are published again,
 // under the same message ids, so consumers can drop the copies.
 type Relay struct {
@@ -229,6 +233,9 @@ func (r *Relay) publishBatch(ctx, workCtx context.Context, ch *amqp.Channel) (in
 	if len(rows) == 0 {
 		return 0, nil
 	}
+	// Published in id order: the claim returns its rows in no set order, and
+	// an order's events must leave in the order they were written.
+	slices.SortFunc(rows, func(a, b dbsqlc.OutboxClaimBatchRow) int { return cmp.Compare(a.ID, b.ID) })
 
 	confirms := make([]*amqp.DeferredConfirmation, len(rows))
 	var publishErr error
