@@ -128,6 +128,8 @@ func TestChaos(t *testing.T) {
 	}, 3*time.Minute, 20*time.Millisecond, "the relay published every outbox row")
 	drained := time.Since(lastFault)
 	b.requireEventsOnce(t)
+	cancelled := slices.Sorted(maps.Keys(w.Cancelled))
+	unseen := b.count(t, "SELECT count(*) FROM inbox WHERE result = $1", orders.ResultCancelledUnseen)
 
 	// The summary.
 	ids := make([]string, 0, len(w.Messages))
@@ -162,6 +164,7 @@ func TestChaos(t *testing.T) {
 		{"SKUs whose stock does not add up", strconv.Itoa(doubledReservations)},
 		{"effects published under two ids", strconv.Itoa(doubledEvents)},
 		{"events received again under the same id", strconv.Itoa(redelivered)},
+		{"cancellations handled before their order", strconv.Itoa(unseen)},
 		{"abandoned attempts (crashes)", strconv.Itoa(b.count(t, "SELECT count(*) FROM inbox_attempts WHERE outcome = 'abandoned'"))},
 		{"faults injected", fmt.Sprintf("%d SIGKILL, %d connection closes, %d backend terminations, %d SIGTERM",
 			injected["SIGKILL a process"], injected["close RabbitMQ connections"],
@@ -183,6 +186,7 @@ func TestChaos(t *testing.T) {
 	require.Equal(t, w.UniqueMessageIDs, b.count(t, "SELECT count(*) FROM inbox"), "one inbox row per unique id")
 	require.Equal(t, len(w.OrderIDs), b.count(t, "SELECT count(*) FROM order_confirmations"), "one outcome per order")
 	b.requireStockAddsUp(t)
+	b.requireOrderKept(t, cancelled)
 	for kind, n := range chaosFaults {
 		require.GreaterOrEqual(t, injected[kind], n, kind)
 	}

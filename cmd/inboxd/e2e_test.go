@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 
 	"math/rand/v2"
 	"os"
@@ -26,11 +27,15 @@ type e2eBundle struct {
 	broker *testenv.Broker
 	events <-chan amqp.Delivery // everything the relay publishes
 	seen   map[string]int       // event message ids received so far
+	// arrivals lists, per order id, the routing keys of the events of the
+	// order in the order the downstream queue delivered them, each event
+	// (message id) at its first arrival.
+	arrivals map[string][]string
 }
 
 func setup(t *testing.T) *e2eBundle {
 	t.Helper()
-	b := &e2eBundle{db: testenv.NewDB(t), broker: testenv.NewBroker(t), seen: map[string]int{}}
+	b := &e2eBundle{db: testenv.NewDB(t), broker: testenv.NewBroker(t), seen: map[string]int{}, arrivals: map[string][]string{}}
 	// Declared up front so that nothing published before inboxd connects
 	// is unroutable.
 	require.NoError(t, loadgen.DeclareTopology(b.broker.URL, inbox.QueueTypeQuorum))
@@ -98,6 +103,13 @@ func (b *e2eBundle) requireEventsOnce(t *testing.T) {
 		case d := <-b.events:
 			require.NoError(t, d.Ack(false))
 			require.True(t, want[d.MessageId], "unexpected event id %q", d.MessageId)
+			if b.seen[d.MessageId] == 0 {
+				var ev struct {
+					OrderID string `json:"orderId"`
+				}
+				require.NoError(t, json.Unmarshal(d.Body, &ev), "event %q", d.MessageId)
+				b.arrivals[ev.OrderID] = append(b.arrivals[ev.OrderID], d.RoutingKey)
+			}
 			b.seen[d.MessageId]++
 		case <-timeout:
 			t.Fatalf("%d of %d events arrived", len(b.seen), len(want))

@@ -2,7 +2,10 @@ package outbox_test
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"math/rand/v2"
+	"slices"
 	"testing"
 	"time"
 
@@ -166,5 +169,57 @@ func TestRelay(t *testing.T) {
 		r.Notify()
 		b.receive(t, keys)
 		require.Eventually(t, func() bool { return b.unpublished(t) == 0 }, 20*time.Second, 20*time.Millisecond)
+	})
+
+	t.Run("PublishesEachOrdersRowsInIDOrderWithTwoRelays", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		// 30 orders of 10 events each, interleaved at random as handlers
+		// would write them, some runs of one order back to back.
+		rng := rand.New(rand.NewPCG(3, 5))
+		next := make([]int, 30)
+		var p dbsqlc.OutboxInsertManyParams
+		keys := map[string]bool{}
+		for len(keys) < 300 {
+			o := rng.IntN(30)
+			for run := 1 + rng.IntN(4); run > 0 && next[o] < 10; run-- {
+				key := fmt.Sprintf("o-%d-%d:order.event", o, next[o])
+				keys[key] = true
+				p.IdempotencyKeys = append(p.IdempotencyKeys, key)
+				p.RoutingKeys = append(p.RoutingKeys, "order.event")
+				p.Payloads = append(p.Payloads, fmt.Sprintf(`{"orderId":"o-%d","seq":%d}`, o, next[o]))
+				p.MessageIds = append(p.MessageIds, fmt.Sprintf("o-%d-%d", o, next[o]))
+				p.OrderKeys = append(p.OrderKeys, fmt.Sprintf("o-%d", o))
+				next[o]++
+			}
+		}
+		require.NoError(t, dbsqlc.New().OutboxInsertMany(t.Context(), b.db.Pool, p))
+		b.startRelay(t, outbox.RelayConfig{BatchSize: 16})
+		b.startRelay(t, outbox.RelayConfig{BatchSize: 16})
+
+		// Each order's events, at their first arrival, in arrival order.
+		arrived := map[string][]int{}
+		seen := map[string]bool{}
+		timeout := time.After(60 * time.Second)
+		for len(seen) < len(keys) {
+			select {
+			case d := <-b.received:
+				if seen[d.MessageId] {
+					continue
+				}
+				seen[d.MessageId] = true
+				var ev struct {
+					OrderID string `json:"orderId"`
+					Seq     int    `json:"seq"`
+				}
+				require.NoError(t, json.Unmarshal(d.Body, &ev))
+				arrived[ev.OrderID] = append(arrived[ev.OrderID], ev.Seq)
+			case <-timeout:
+				t.Fatalf("%d of %d events arrived", len(seen), len(keys))
+			}
+		}
+		for o, seqs := range arrived {
+			require.True(t, slices.IsSorted(seqs), "order %s published out of order: %v", o, seqs)
+		}
 	})
 }
