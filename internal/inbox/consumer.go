@@ -154,8 +154,9 @@ func (c *Consumer) Start(ctx context.Context) error {
 	return c.service.Start(ctx, c.run)
 }
 
-// Stop cancels the consumers, stores and acknowledges the deliveries already
-// received, and closes the connection. When ctx ends first, the batches in
+// Stop stores and acknowledges the batch in hand and closes the connection;
+// the broker requeues the deliveries it had sent ahead, for the next
+// consumer. When ctx ends first, the batches in
 // flight are abandoned unacknowledged (the broker redelivers them), and Stop
 // returns once the connection is closed.
 func (c *Consumer) Stop(ctx context.Context) { c.service.Stop(ctx) }
@@ -297,26 +298,14 @@ func (c *Consumer) consume(sessCtx, workCtx context.Context, conn *amqp.Connecti
 		case <-cancelled:
 			return errors.New("consumer cancelled by the broker (queue deleted?)")
 		case <-sessCtx.Done():
-			return c.drain(workCtx, ch, tag, deliveries, b)
+			// Store the batch in hand, then close the channel without
+			// cancelling first: the broker requeues what it sent ahead and
+			// gives it, before anything newer, to the next consumer. After a
+			// cancel it would pick the next consumer at once, which could
+			// store newer messages of an order before these.
+			return b.flush(workCtx)
 		}
 	}
-}
-
-// drain cancels the consumer and stores what was already delivered, so a
-// graceful stop acknowledges everything it received.
-func (c *Consumer) drain(workCtx context.Context, ch *amqp.Channel, tag string, deliveries <-chan amqp.Delivery, b *batch) error {
-	if err := ch.Cancel(tag, false); err != nil {
-		return nil // the channel is gone: unacknowledged deliveries return to the queue
-	}
-	for d := range deliveries {
-		b.add(d)
-		if len(b.deliveries) >= c.cfg.BatchSize {
-			if err := b.flush(workCtx); err != nil {
-				return err
-			}
-		}
-	}
-	return b.flush(workCtx)
 }
 
 func (c *Consumer) channelError(chClosed <-chan *amqp.Error, fallback string) error {
