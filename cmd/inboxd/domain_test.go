@@ -182,3 +182,27 @@ func TestReplayUnderLoadDoublesNothing(t *testing.T) {
 	b.requireStockAddsUp(t)
 	b.requireEventsOnce(t)
 }
+
+// Acceptance: quantities that are not whole numbers in range end dead at
+// once, with a reason naming the field, and move no stock.
+func TestOutOfRangeQuantitiesEndDead(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	startProcess(t, serviceEnv(b.db, b.broker))
+	quantities := []string{"0", "-1", "2147483648", "4294967297", "1.5", "1e9"}
+	var msgs []loadgen.Message
+	for i, q := range quantities {
+		body := fmt.Sprintf(`{"orderId":"q-%d","userId":"u","email":"a@example.com","items":[{"sku":"SKU-1","quantity":%s}]}`, i, q)
+		msgs = append(msgs, loadgen.Message{MessageID: fmt.Sprintf("q-%d", i), RoutingKey: orders.TypeOrderCreated, Body: []byte(body)})
+	}
+	require.NoError(t, loadgen.Publish(t.Context(), b.broker.URL, msgs, 10))
+	b.waitDrained(t, len(quantities), 30*time.Second)
+	for i, q := range quantities {
+		id := fmt.Sprintf("q-%d", i)
+		require.Equal(t, "dead", b.status(t, id), "quantity %s", q)
+		require.Equal(t, 1, b.count(t, "SELECT attempts FROM inbox WHERE message_id = $1", id), "a permanent failure: one attempt")
+		require.Contains(t, b.inboxText(t, "last_error", id), "items[0].quantity must be a whole number between 1 and 1000000, got "+q)
+	}
+	require.Zero(t, b.count(t, "SELECT count(*) FROM order_confirmations"))
+	require.Zero(t, b.count(t, "SELECT count(*) FROM stock WHERE available <> $1", initialStock), "stock unchanged")
+}

@@ -10,6 +10,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strconv"
 	"strings"
 )
 
@@ -19,8 +20,18 @@ const (
 	TypeOrderCancelled = "order.cancelled"
 )
 
-// maxIDBytes bounds orderId, userId, email and sku.
-const maxIDBytes = 255
+// Bounds on what an order message may carry; beyond them a message is
+// invalid, a permanent failure whose reason names the field.
+const (
+	// maxIDBytes bounds orderId, userId, email and sku.
+	maxIDBytes = 255
+	// MaxItems is the most lines an order may have.
+	MaxItems = 1000
+	// MaxItemQuantity is the largest quantity of one line.
+	MaxItemQuantity = 1_000_000
+	// maxReasonBytes bounds a cancellation's reason.
+	maxReasonBytes = 1000
+)
 
 // OrderCreated is the body of an order.created message.
 type OrderCreated struct {
@@ -45,15 +56,41 @@ type OrderCancelled struct {
 // ErrInvalidPayload is wrapped by every decoding and validation error.
 var ErrInvalidPayload = errors.New("invalid payload")
 
+// wireOrderCreated is an order.created body as it arrives: quantities are
+// read as written, so that a fraction, an exponent or a number too large for
+// an int is refused with its field named instead of rounded or wrapped.
+type wireOrderCreated struct {
+	OrderID string `json:"orderId"`
+	UserID  string `json:"userId"`
+	Email   string `json:"email"`
+	Items   []struct {
+		SKU      string          `json:"sku"`
+		Quantity json.RawMessage `json:"quantity"`
+	} `json:"items"`
+}
+
 // DecodeOrderCreated parses and validates an order.created body. Unknown
 // fields are ignored, so producers can add fields without breaking the
 // service.
 func DecodeOrderCreated(payload []byte) (OrderCreated, error) {
-	var m OrderCreated
-	if err := decodeJSON(payload, &m); err != nil {
-		return m, err
+	var w wireOrderCreated
+	if err := decodeJSON(payload, &w); err != nil {
+		return OrderCreated{}, err
 	}
+	m := OrderCreated{OrderID: w.OrderID, UserID: w.UserID, Email: w.Email}
 	var problems []string
+	if len(w.Items) > MaxItems {
+		problems = append(problems, fmt.Sprintf("items has %d lines, at most %d are allowed", len(w.Items), MaxItems))
+		w.Items = w.Items[:MaxItems]
+	}
+	for i, it := range w.Items {
+		q, ok := parseQuantity(it.Quantity)
+		if !ok {
+			problems = append(problems, fmt.Sprintf("items[%d].quantity must be a whole number between 1 and %d, got %s",
+				i, MaxItemQuantity, quote(it.Quantity)))
+		}
+		m.Items = append(m.Items, Item{SKU: it.SKU, Quantity: q})
+	}
 	problems = checkID(problems, "orderId", m.OrderID)
 	problems = checkID(problems, "userId", m.UserID)
 	problems = checkID(problems, "email", m.Email)
@@ -65,11 +102,33 @@ func DecodeOrderCreated(payload []byte) (OrderCreated, error) {
 	}
 	for i, it := range m.Items {
 		problems = checkID(problems, fmt.Sprintf("items[%d].sku", i), it.SKU)
-		if it.Quantity < 1 {
-			problems = append(problems, fmt.Sprintf("items[%d].quantity must be at least 1", i))
-		}
 	}
 	return m, validationError(problems)
+}
+
+// parseQuantity reads a JSON integer literal between 1 and MaxItemQuantity.
+func parseQuantity(raw json.RawMessage) (int, bool) {
+	s := string(raw)
+	if s == "" || strings.ContainsAny(s, ".eE\"") {
+		return 0, false
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n < 1 || n > MaxItemQuantity {
+		return 0, false
+	}
+	return int(n), true
+}
+
+// quote shows a raw JSON value in an error, shortened.
+func quote(raw json.RawMessage) string {
+	s := string(raw)
+	if s == "" {
+		return "nothing"
+	}
+	if len(s) > 32 {
+		s = s[:32] + "…"
+	}
+	return strings.ToValidUTF8(s, "?")
 }
 
 // DecodeOrderCancelled parses and validates an order.cancelled body.
@@ -82,6 +141,9 @@ func DecodeOrderCancelled(payload []byte) (OrderCancelled, error) {
 	problems = checkID(problems, "orderId", m.OrderID)
 	if strings.ContainsRune(m.Reason, 0) {
 		problems = append(problems, "reason holds a NUL character")
+	}
+	if len(m.Reason) > maxReasonBytes {
+		problems = append(problems, fmt.Sprintf("reason is longer than %d bytes", maxReasonBytes))
 	}
 	return m, validationError(problems)
 }

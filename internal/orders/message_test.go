@@ -38,7 +38,6 @@ func TestDecodeOrderCreated(t *testing.T) {
 		"TrailingData":    {valid + `{}`, "data after the JSON object"},
 		"MissingOrderID":  {`{"userId":"u","email":"a@b","items":[{"sku":"S","quantity":1}]}`, "orderId is missing"},
 		"NoItems":         {`{"orderId":"o","userId":"u","email":"a@b","items":[]}`, "items is missing or empty"},
-		"ZeroQuantity":    {`{"orderId":"o","userId":"u","email":"a@b","items":[{"sku":"S","quantity":0}]}`, "items[0].quantity must be at least 1"},
 		"BadEmail":        {`{"orderId":"o","userId":"u","email":"nope","items":[{"sku":"S","quantity":1}]}`, "email is not an address"},
 		"NULInOrderID":    {`{"orderId":"o\u0000","userId":"u","email":"a@b","items":[{"sku":"S","quantity":1}]}`, "orderId holds a NUL character"},
 		"LongOrderID":     {`{"orderId":"` + strings.Repeat("x", 256) + `","userId":"u","email":"a@b","items":[{"sku":"S","quantity":1}]}`, "longer than 255 bytes"},
@@ -51,6 +50,33 @@ func TestDecodeOrderCreated(t *testing.T) {
 			require.ErrorContains(t, err, tc.want)
 		})
 	}
+
+	// A quantity is a whole number in range, never rounded or wrapped.
+	for _, q := range []string{"0", "-1", "2147483648", "4294967297", "1.5", "1e9", "1E2", "2.0", `"3"`, "null", "1000001", "99999999999999999999999"} {
+		t.Run("Quantity"+q, func(t *testing.T) {
+			t.Parallel()
+			_, err := orders.DecodeOrderCreated([]byte(`{"orderId":"o","userId":"u","email":"a@b","items":[{"sku":"S","quantity":1},{"sku":"T","quantity":` + q + `}]}`))
+			require.ErrorIs(t, err, orders.ErrInvalidPayload)
+			require.ErrorContains(t, err, "items[1].quantity must be a whole number between 1 and 1000000, got "+q)
+		})
+	}
+	t.Run("MissingQuantity", func(t *testing.T) {
+		t.Parallel()
+		_, err := orders.DecodeOrderCreated([]byte(`{"orderId":"o","userId":"u","email":"a@b","items":[{"sku":"S"}]}`))
+		require.ErrorContains(t, err, "items[0].quantity must be a whole number between 1 and 1000000, got nothing")
+	})
+	t.Run("LargestQuantity", func(t *testing.T) {
+		t.Parallel()
+		m, err := orders.DecodeOrderCreated([]byte(`{"orderId":"o","userId":"u","email":"a@b","items":[{"sku":"S","quantity":1000000}]}`))
+		require.NoError(t, err)
+		require.Equal(t, orders.MaxItemQuantity, m.Items[0].Quantity)
+	})
+	t.Run("TooManyItems", func(t *testing.T) {
+		t.Parallel()
+		items := strings.Repeat(`{"sku":"S","quantity":1},`, orders.MaxItems)
+		_, err := orders.DecodeOrderCreated([]byte(`{"orderId":"o","userId":"u","email":"a@b","items":[` + items + `{"sku":"S","quantity":1}]}`))
+		require.ErrorContains(t, err, "items has 1001 lines, at most 1000 are allowed")
+	})
 }
 
 func TestDecodeOrderCancelled(t *testing.T) {
@@ -72,6 +98,10 @@ func FuzzDecode(f *testing.F) {
 		`{"orderId":"o-1","reason":"x"}`,
 		``, `null`, `[]`, `{}`, `{"orderId":null}`, "{\"orderId\":\"\x00\"}", `{"items":[{"quantity":-1}]}`,
 		`{"orderId":"a","userId":"b","email":"c@d","items":[{"sku":"e","quantity":1e30}]}`,
+		`{"orderId":"a","userId":"b","email":"c@d","items":[{"sku":"e","quantity":4294967297}]}`,
+		`{"orderId":"a","userId":"b","email":"c@d","items":[{"sku":"e","quantity":-2147483648}]}`,
+		`{"orderId":"a","userId":"b","email":"c@d","items":[{"sku":"e","quantity":1.5}]}`,
+		`{"orderId":"a","userId":"b","email":"c@d","items":[{"sku":"e","quantity":1e9}]}`,
 		"\xff\xfe{}", `{"orderId":"\ud800"}`,
 	} {
 		f.Add([]byte(seed))
@@ -82,7 +112,7 @@ func FuzzDecode(f *testing.F) {
 				t.Fatalf("accepted an incomplete order: %+v", m)
 			}
 			for _, it := range m.Items {
-				if it.Quantity < 1 || it.SKU == "" {
+				if it.Quantity < 1 || it.Quantity > orders.MaxItemQuantity || it.SKU == "" {
 					t.Fatalf("accepted a bad item: %+v", it)
 				}
 			}
