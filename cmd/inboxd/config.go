@@ -124,7 +124,7 @@ func loadConfig(getenv func(string) string, command string) (*config, error) {
 		if v == "" {
 			v = s.def
 		}
-		if v == "" && s.serveOnly && command != "serve" {
+		if v == "" && s.serveOnly && command == "migrate" {
 			continue
 		}
 		if v == "" {

@@ -4,6 +4,8 @@
 //
 //	inboxd migrate   apply the embedded migrations and exit
 //	inboxd serve     run ingest, workers and the HTTP endpoint until SIGINT/SIGTERM
+//	inboxd redeliver-unroutable
+//	                 move events no binding took back to order-confirmation.events
 //	inboxd help      list the commands and every environment variable
 //
 // All configuration comes from the environment; see `inboxd help`.
@@ -19,6 +21,8 @@ import (
 	"os/signal"
 	"syscall"
 	"text/tabwriter"
+
+	"github.com/orderconfirm/inboxd/internal/inbox"
 )
 
 func main() {
@@ -29,7 +33,7 @@ func main() {
 }
 
 // errUsage is returned for a command line inboxd does not understand.
-var errUsage = errors.New("usage: inboxd migrate|serve|help")
+var errUsage = errors.New("usage: inboxd migrate|serve|redeliver-unroutable|help")
 
 // run is inboxd without the process around it: tests call it directly.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
@@ -40,7 +44,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	case "help", "-h", "--help":
 		printHelp(stdout)
 		return nil
-	case "migrate", "serve":
+	case "migrate", "serve", "redeliver-unroutable":
 	default:
 		return errUsage
 	}
@@ -59,8 +63,16 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		stop()
 	}()
 
-	if args[0] == "migrate" {
+	switch args[0] {
+	case "migrate":
 		return migrateUp(ctx, cfg, logger)
+	case "redeliver-unroutable":
+		moved, left, err := inbox.RedeliverUnroutable(ctx, cfg.amqpURL)
+		if err != nil {
+			return fmt.Errorf("redeliver unroutable events: %s", redact(err.Error(), cfg.amqpURL))
+		}
+		fmt.Fprintf(stdout, "redelivered %d events from %s; %d wait there still (no binding takes them yet)\n", moved, inbox.QueueUnroutable, left)
+		return nil
 	}
 	return serve(ctx, cfg, logger)
 }
@@ -88,6 +100,10 @@ func printHelp(w io.Writer) {
 Commands:
   migrate   apply the embedded database migrations and exit
   serve     run ingest, workers and the HTTP endpoint until SIGINT or SIGTERM
+  redeliver-unroutable
+            move the events waiting in order-confirmation.unroutable back to
+            order-confirmation.events, under their message ids (after binding
+            the queues that were missing)
   help      show this text
 
 Ordering:

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/orderconfirm/inboxd/internal/inbox"
 	"github.com/orderconfirm/inboxd/internal/janitor"
@@ -47,7 +48,7 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
 
 	// A broker that is down is waited for in the background; a topology
 	// that this build cannot use is not.
-	if err := inbox.Declare(cfg.amqpURL, cfg.queueType); errors.Is(err, inbox.ErrInboxQueueOutdated) {
+	if err := inbox.Declare(cfg.amqpURL, cfg.queueType); errors.Is(err, inbox.ErrInboxQueueOutdated) || errors.Is(err, inbox.ErrEventsExchangeOutdated) {
 		return err
 	} else if err != nil {
 		logger.Warn("broker not reachable at start, connecting in the background", slog.String("error", redact(err.Error(), cfg.amqpURL)))
@@ -130,6 +131,10 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
 	if err != nil {
 		return err
 	}
+	m.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "inboxd_events_unroutable",
+		Help: "Events waiting in order-confirmation.unroutable because no binding of order-confirmation.events took them, as the relay last saw; redeliver them with inboxd redeliver-unroutable.",
+	}, func() float64 { return float64(relay.Unroutable()) }))
 	// The janitor deletes through the relay's pool too: one short
 	// statement at a time, off the path of ingest and the workers.
 	var janitorService *janitor.Janitor

@@ -260,6 +260,9 @@ func (c *Consumer) consume(sessCtx, workCtx context.Context, conn *amqp.Connecti
 	if err := dlch.Confirm(false); err != nil {
 		return fmt.Errorf("enable publisher confirms: %w", err)
 	}
+	// A dead letter no queue takes comes back (mandatory); a batch has at
+	// most BatchSize of them, drained after each.
+	dlReturns := dlch.NotifyReturn(make(chan amqp.Return, c.cfg.BatchSize))
 
 	tag := c.cfg.ConnectionName
 	deliveries, err := ch.Consume(QueueInbox, tag, false, false, false, false, nil)
@@ -269,7 +272,7 @@ func (c *Consumer) consume(sessCtx, workCtx context.Context, conn *amqp.Connecti
 	c.consuming.Store(true)
 	defer c.consuming.Store(false)
 
-	b := &batch{consumer: c, ch: ch, dlch: dlch, stopping: sessCtx.Done()}
+	b := &batch{consumer: c, ch: ch, dlch: dlch, dlReturns: dlReturns, stopping: sessCtx.Done()}
 	linger := time.NewTimer(time.Hour)
 	linger.Stop()
 	defer linger.Stop()
@@ -324,6 +327,7 @@ type batch struct {
 	consumer   *Consumer
 	ch         *amqp.Channel
 	dlch       *amqp.Channel
+	dlReturns  <-chan amqp.Return
 	deliveries []amqp.Delivery
 	// stopping is closed when the session ends: a failing store is then not
 	// retried, and its deliveries go back to the queue.
@@ -375,7 +379,7 @@ func (b *batch) flush(ctx context.Context) error {
 		rejects = append(rejects, rejection{delivery: b.deliveries[rows[i].delivery], reason: "refused by the database"})
 	}
 	if len(rejects) > 0 {
-		if err := c.deadLetter(ctx, b.dlch, rejects); err != nil {
+		if err := c.deadLetter(ctx, b.dlch, b.dlReturns, rejects); err != nil {
 			return fmt.Errorf("dead-letter %d deliveries: %w", len(rejects), err)
 		}
 	}
@@ -596,8 +600,10 @@ func isDataError(err error) bool {
 }
 
 // deadLetter publishes rejected deliveries to ExchangeDeadLetter with the
-// reason in a header, and waits for the broker to confirm every publish.
-func (c *Consumer) deadLetter(ctx context.Context, dlch *amqp.Channel, rejects []rejection) error {
+// reason in a header, and waits for the broker to confirm every publish. A
+// dead letter that no queue took is an error: the batch then stays
+// unacknowledged, and the next session declares QueueDead again.
+func (c *Consumer) deadLetter(ctx context.Context, dlch *amqp.Channel, returns <-chan amqp.Return, rejects []rejection) error {
 	confirms := make([]*amqp.DeferredConfirmation, 0, len(rejects))
 	for _, r := range rejects {
 		d := r.delivery
@@ -608,7 +614,7 @@ func (c *Consumer) deadLetter(ctx context.Context, dlch *amqp.Channel, rejects [
 		headers[HeaderRejectReason] = r.reason
 		headers[HeaderOriginalExchange] = d.Exchange
 		headers[HeaderOriginalRoutingKey] = d.RoutingKey
-		dc, err := dlch.PublishWithDeferredConfirmWithContext(ctx, ExchangeDeadLetter, d.RoutingKey, false, false, amqp.Publishing{
+		dc, err := dlch.PublishWithDeferredConfirmWithContext(ctx, ExchangeDeadLetter, d.RoutingKey, true, false, amqp.Publishing{
 			Headers:         headers,
 			ContentType:     d.ContentType,
 			ContentEncoding: d.ContentEncoding,
@@ -636,6 +642,19 @@ func (c *Consumer) deadLetter(ctx context.Context, dlch *amqp.Channel, rejects [
 		if !ok {
 			return errors.New("broker refused a dead letter")
 		}
+	}
+	// A return comes before the confirm of its publish.
+	n := 0
+	for drained := false; !drained; {
+		select {
+		case <-returns:
+			n++
+		default:
+			drained = true
+		}
+	}
+	if n > 0 {
+		return fmt.Errorf("%d dead letters returned unroutable: is %s missing?", n, QueueDead)
 	}
 	return nil
 }

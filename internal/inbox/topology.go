@@ -1,6 +1,7 @@
 package inbox
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"strings"
@@ -22,6 +23,12 @@ const (
 	QueueDead = "order-confirmation.dead"
 	// ExchangeEvents is the topic exchange the outbox relay publishes to.
 	ExchangeEvents = "order-confirmation.events"
+	// ExchangeUnroutable is ExchangeEvents' alternate exchange: an event no
+	// binding of ExchangeEvents routes goes there instead of being dropped.
+	ExchangeUnroutable = "order-confirmation.unroutable"
+	// QueueUnroutable holds everything published to ExchangeUnroutable,
+	// until an operator redelivers it (inboxd redeliver-unroutable).
+	QueueUnroutable = "order-confirmation.unroutable"
 
 	// HeaderRejectReason is the header that says why a delivery was
 	// dead-lettered instead of stored.
@@ -49,6 +56,13 @@ var ErrInboxQueueOutdated = errors.New("queue " + QueueInbox + " was declared wi
 	"so several consumers could interleave an order's messages; RabbitMQ cannot add the argument in place: " +
 	"follow the README's \"Upgrading the inbox queue\" to re-declare it without losing a message")
 
+// ErrEventsExchangeOutdated is returned by DeclareTopology when
+// ExchangeEvents exists without its alternate exchange, as builds before it
+// declared it.
+var ErrEventsExchangeOutdated = errors.New("exchange " + ExchangeEvents + " was declared without alternate-exchange by an older inboxd, " +
+	"so events no queue is bound for would be dropped; RabbitMQ cannot add the argument in place: " +
+	"follow the README's \"Upgrading the events exchange\"")
+
 // DeclareTopology declares the contract's exchanges, queues and bindings. It
 // is idempotent, so every process does it at every (re)connection. A queue
 // that already exists with other arguments (another queue type, say) fails
@@ -60,10 +74,25 @@ var ErrInboxQueueOutdated = errors.New("queue " + QueueInbox + " was declared wi
 // messages in the queue's order. The others stand by and take over, after
 // the messages their predecessor left unacknowledged, when it goes.
 func DeclareTopology(ch *amqp.Channel, queueType string) error {
-	for _, ex := range []string{ExchangeOrders, ExchangeDeadLetter, ExchangeEvents} {
+	for _, ex := range []string{ExchangeOrders, ExchangeDeadLetter} {
 		if err := ch.ExchangeDeclare(ex, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
 			return fmt.Errorf("declare exchange %q: %w", ex, err)
 		}
+	}
+	if err := ch.ExchangeDeclare(ExchangeUnroutable, amqp.ExchangeFanout, true, false, false, false, nil); err != nil {
+		return fmt.Errorf("declare exchange %q: %w", ExchangeUnroutable, err)
+	}
+	if _, err := ch.QueueDeclare(QueueUnroutable, true, false, false, false, amqp.Table{amqp.QueueTypeArg: queueType}); err != nil {
+		return fmt.Errorf("declare queue %q: %w", QueueUnroutable, err)
+	}
+	if err := ch.QueueBind(QueueUnroutable, "", ExchangeUnroutable, false, nil); err != nil {
+		return fmt.Errorf("bind queue %q: %w", QueueUnroutable, err)
+	}
+	err := ch.ExchangeDeclare(ExchangeEvents, amqp.ExchangeTopic, true, false, false, false, amqp.Table{"alternate-exchange": ExchangeUnroutable})
+	if isInequivalent(err, "alternate-exchange") {
+		return ErrEventsExchangeOutdated
+	} else if err != nil {
+		return fmt.Errorf("declare exchange %q: %w", ExchangeEvents, err)
 	}
 	queueArgs := amqp.Table{amqp.QueueTypeArg: queueType}
 	if _, err := ch.QueueDeclare(QueueDead, true, false, false, false, queueArgs); err != nil {
@@ -80,9 +109,7 @@ func DeclareTopology(ch *amqp.Channel, queueType string) error {
 		"x-single-active-consumer": true,
 	}
 	if _, err := ch.QueueDeclare(QueueInbox, true, false, false, false, inboxArgs); err != nil {
-		var amqpErr *amqp.Error
-		if errors.As(err, &amqpErr) && amqpErr.Code == amqp.PreconditionFailed &&
-			strings.Contains(amqpErr.Reason, "x-single-active-consumer") {
+		if isInequivalent(err, "x-single-active-consumer") {
 			return ErrInboxQueueOutdated
 		}
 		return fmt.Errorf("declare queue %q: %w", QueueInbox, err)
@@ -93,6 +120,14 @@ func DeclareTopology(ch *amqp.Channel, queueType string) error {
 		}
 	}
 	return nil
+}
+
+// isInequivalent reports whether err is the broker refusing a declaration
+// because the existing entity has another value of argument arg.
+func isInequivalent(err error, arg string) bool {
+	var amqpErr *amqp.Error
+	return errors.As(err, &amqpErr) && amqpErr.Code == amqp.PreconditionFailed &&
+		strings.Contains(amqpErr.Reason, "'"+arg+"'")
 }
 
 // Declare connects to the broker at url, declares the topology with
@@ -108,4 +143,60 @@ func Declare(url, queueType string) error {
 		return fmt.Errorf("open channel: %w", err)
 	}
 	return DeclareTopology(ch, queueType)
+}
+
+// RedeliverUnroutable moves the events waiting in QueueUnroutable back to
+// ExchangeEvents, each with its routing key, message id and other
+// properties, once an operator has bound the queues that were missing. It
+// moves as many as the queue held when it began, acknowledging each only
+// after the broker confirmed its republish, and returns how many it moved
+// and how many the queue holds afterwards: events that still no binding
+// takes come back to it through the alternate exchange.
+func RedeliverUnroutable(ctx context.Context, url string) (moved, left int, err error) {
+	conn, err := amqp.DialConfig(url, amqp.Config{Locale: "en_US", Dial: amqp.DefaultDial(10 * time.Second)})
+	if err != nil {
+		return 0, 0, fmt.Errorf("connect to broker: %w", err)
+	}
+	defer func() { _ = conn.Close() }()
+	ch, err := conn.Channel()
+	if err != nil {
+		return 0, 0, fmt.Errorf("open channel: %w", err)
+	}
+	if err := ch.Confirm(false); err != nil {
+		return 0, 0, fmt.Errorf("enable publisher confirms: %w", err)
+	}
+	q, err := ch.QueueDeclarePassive(QueueUnroutable, true, false, false, false, nil)
+	if err != nil {
+		return 0, 0, fmt.Errorf("inspect %s: %w", QueueUnroutable, err)
+	}
+	for moved < q.Messages {
+		d, ok, err := ch.Get(QueueUnroutable, false)
+		if err != nil {
+			return moved, 0, fmt.Errorf("get from %s: %w", QueueUnroutable, err)
+		}
+		if !ok {
+			break
+		}
+		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, ExchangeEvents, d.RoutingKey, false, false, amqp.Publishing{
+			Headers: d.Headers, ContentType: d.ContentType, ContentEncoding: d.ContentEncoding,
+			DeliveryMode: amqp.Persistent, Priority: d.Priority, CorrelationId: d.CorrelationId,
+			MessageId: d.MessageId, Timestamp: d.Timestamp, Type: d.Type, AppId: d.AppId, Body: d.Body,
+		})
+		if err != nil {
+			return moved, 0, fmt.Errorf("republish %s: %w", d.MessageId, err)
+		}
+		if confirmed, err := dc.WaitContext(ctx); err != nil || !confirmed {
+			_ = d.Nack(false, true)
+			return moved, 0, fmt.Errorf("republish %s: not confirmed (%v)", d.MessageId, err)
+		}
+		if err := d.Ack(false); err != nil {
+			return moved, 0, fmt.Errorf("ack %s: %w", d.MessageId, err)
+		}
+		moved++
+	}
+	q, err = ch.QueueDeclarePassive(QueueUnroutable, true, false, false, false, nil)
+	if err != nil {
+		return moved, 0, fmt.Errorf("inspect %s: %w", QueueUnroutable, err)
+	}
+	return moved, q.Messages, nil
 }

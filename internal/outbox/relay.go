@@ -98,7 +98,8 @@ type Relay struct {
 	queries *dbsqlc.Queries
 	wake    chan struct{}
 
-	connected atomic.Bool
+	connected  atomic.Bool
+	unroutable atomic.Int64
 
 	service startstop.Service
 }
@@ -124,6 +125,23 @@ func (r *Relay) Notify() {
 	case r.wake <- struct{}{}:
 	default:
 	}
+}
+
+// Unroutable returns how many events wait in inbox.QueueUnroutable, as last
+// seen: events no binding of inbox.ExchangeEvents routed. It is read when the
+// relay connects and on every idle poll.
+func (r *Relay) Unroutable() int64 { return r.unroutable.Load() }
+
+// countUnroutable reads the depth of inbox.QueueUnroutable. An error means
+// the channel is gone (a missing queue closes it; the next session
+// declares the queue again).
+func (r *Relay) countUnroutable(ch *amqp.Channel) error {
+	q, err := ch.QueueDeclarePassive(inbox.QueueUnroutable, true, false, false, false, nil)
+	if err != nil {
+		return fmt.Errorf("count unroutable events: %w", err)
+	}
+	r.unroutable.Store(int64(q.Messages))
+	return nil
 }
 
 // Connected reports whether the relay holds a broker connection.
@@ -184,13 +202,19 @@ func (r *Relay) session(ctx, workCtx context.Context) error {
 	if err := ch.Confirm(false); err != nil {
 		return fmt.Errorf("enable publisher confirms: %w", err)
 	}
+	// Each publish of a batch is returned at most once, and the returns
+	// are drained after every batch.
+	returns := ch.NotifyReturn(make(chan amqp.Return, r.cfg.BatchSize))
+	if err := r.countUnroutable(ch); err != nil {
+		return err
+	}
 	r.connected.Store(true)
 	r.logger.Info("relay connected to broker")
 
 	poll := time.NewTicker(r.cfg.PollInterval)
 	defer poll.Stop()
 	for {
-		n, err := r.publishBatch(ctx, workCtx, ch)
+		n, err := r.publishBatch(ctx, workCtx, ch, returns)
 		if err != nil {
 			return err
 		}
@@ -205,6 +229,9 @@ func (r *Relay) session(ctx, workCtx context.Context) error {
 		case <-r.wake:
 		case <-poll.C:
 			r.releaseExpired(ctx)
+			if err := r.countUnroutable(ch); err != nil {
+				return err
+			}
 		}
 	}
 }
@@ -223,7 +250,7 @@ func (r *Relay) releaseExpired(ctx context.Context) {
 
 // publishBatch claims rows, publishes them and records the outcome. It
 // returns an error only when the channel can no longer be used.
-func (r *Relay) publishBatch(ctx, workCtx context.Context, ch *amqp.Channel) (int, error) {
+func (r *Relay) publishBatch(ctx, workCtx context.Context, ch *amqp.Channel, returns <-chan amqp.Return) (int, error) {
 	rows, err := r.queries.OutboxClaimBatch(ctx, r.pool, int32(r.cfg.BatchSize))
 	if err != nil {
 		r.logger.Error("claim outbox rows", slog.String("error", err.Error()))
@@ -240,7 +267,9 @@ func (r *Relay) publishBatch(ctx, workCtx context.Context, ch *amqp.Channel) (in
 	confirms := make([]*amqp.DeferredConfirmation, len(rows))
 	var publishErr error
 	for i, row := range rows {
-		confirms[i], publishErr = ch.PublishWithDeferredConfirmWithContext(ctx, inbox.ExchangeEvents, row.RoutingKey, false, false, amqp.Publishing{
+		// Mandatory: an event that neither a binding nor the alternate
+		// exchange's queue takes comes back, and its row stays unpublished.
+		confirms[i], publishErr = ch.PublishWithDeferredConfirmWithContext(ctx, inbox.ExchangeEvents, row.RoutingKey, true, false, amqp.Publishing{
 			ContentType:  "application/json",
 			DeliveryMode: amqp.Persistent,
 			MessageId:    row.IdempotencyKey,
@@ -256,17 +285,41 @@ func (r *Relay) publishBatch(ctx, workCtx context.Context, ch *amqp.Channel) (in
 
 	waitCtx, cancel := context.WithTimeout(workCtx, r.cfg.ConfirmTimeout)
 	defer cancel()
-	var published, failed []int64
-	attempts := 1
+	confirmed := make([]bool, len(rows))
 	for i, dc := range confirms {
 		if dc != nil {
-			if ok, err := dc.WaitContext(waitCtx); err == nil && ok {
-				published = append(published, rows[i].ID)
-				continue
-			}
+			ok, err := dc.WaitContext(waitCtx)
+			confirmed[i] = err == nil && ok
 		}
-		failed = append(failed, rows[i].ID)
-		attempts = max(attempts, int(rows[i].Attempts))
+	}
+	// The broker sends a return before the confirm of the same publish:
+	// every return of this batch is in the channel by now.
+	returned := map[string]string{}
+	for drained := false; !drained; {
+		select {
+		case ret := <-returns:
+			returned[ret.MessageId] = fmt.Sprintf("unroutable: the broker returned it (%d %s): no queue is bound for routing key %q, and %s is missing",
+				ret.ReplyCode, ret.ReplyText, ret.RoutingKey, inbox.QueueUnroutable)
+		default:
+			drained = true
+		}
+	}
+	var published, failed []int64
+	attempts := 1
+	reason := "broker did not confirm the publish"
+	if publishErr != nil {
+		reason = publishErr.Error()
+	}
+	for i, row := range rows {
+		if why, ok := returned[row.IdempotencyKey]; ok {
+			confirmed[i], reason = false, why
+		}
+		if confirmed[i] {
+			published = append(published, row.ID)
+			continue
+		}
+		failed = append(failed, row.ID)
+		attempts = max(attempts, int(row.Attempts))
 	}
 
 	// Record the outcome even while stopping: the broker has the messages.
@@ -282,10 +335,6 @@ func (r *Relay) publishBatch(ctx, workCtx context.Context, ch *amqp.Channel) (in
 		}
 	}
 	if len(failed) > 0 {
-		reason := "broker did not confirm the publish"
-		if publishErr != nil {
-			reason = publishErr.Error()
-		}
 		delay := retry.Backoff(attempts, r.cfg.RetryBase, r.cfg.RetryMax)
 		if err := r.queries.OutboxRelease(recordCtx, r.pool, dbsqlc.OutboxReleaseParams{
 			Ids: failed, LastError: reason, RetryDelayMs: float64(delay.Milliseconds()),
