@@ -20,7 +20,7 @@ func sqlcPath(t *testing.T) string {
 	p, err := filepath.Abs(filepath.Join("bin", "sqlc"))
 	require.NoError(t, err)
 	if _, err := os.Stat(p); err != nil {
-		t.Skip("sqlc is not built; `make test` builds it (or run `make tools`)")
+		t.Fatalf("the pinned sqlc is not at %s: `make test` builds it, or run `make tools` (or set SQLC)", p)
 	}
 	return p
 }

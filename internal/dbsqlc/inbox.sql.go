@@ -169,8 +169,10 @@ WITH u AS (
         -- When the outcome was recorded, after the handler ran (now() would
         -- be the start of the transaction).
         processed_at    = CASE WHEN u.status = 'pending' THEN NULL ELSE statement_timestamp() END,
+        -- A retry's delay runs from this outcome, not from the start of
+        -- the transaction, which a long batch may have used up.
         next_attempt_at = CASE WHEN u.status = 'pending'
-                               THEN now() + u.retry_delay_ms * interval '1 millisecond'
+                               THEN statement_timestamp() + u.retry_delay_ms * interval '1 millisecond'
                                ELSE inbox.next_attempt_at END
     FROM u
     WHERE inbox.id = u.id

@@ -80,15 +80,20 @@ func TestConsumer(t *testing.T) {
 
 		// Once the last message is stored, every delivery before it was received.
 		require.Eventually(t, func() bool { return b.inboxCount(t) == 301 }, 20*time.Second, 20*time.Millisecond)
-		stop()                             // unacknowledged deliveries would return to the queue now
-		time.Sleep(500 * time.Millisecond) // the broker requeues them asynchronously
+		stop() // unacknowledged deliveries return to the queue now
+		// Once the broker has removed the consumer, it has requeued what
+		// that consumer held.
+		require.Eventually(t, func() bool { return b.broker.Queue(t, inbox.QueueInbox).Consumers == 0 },
+			10*time.Second, 10*time.Millisecond, "the broker dropped the stopped consumer")
 		require.Zero(t, b.broker.ReadyMessages(t, inbox.QueueInbox), "every delivery was acknowledged")
 		require.Equal(t, 301, b.inboxCount(t))
 
-		var first string
-		require.NoError(t, b.db.Pool.QueryRow(t.Context(),
-			"SELECT message_id FROM inbox ORDER BY id LIMIT 1").Scan(&first))
-		require.Equal(t, "m-0", first, "rows keep arrival order")
+		var want []string
+		for _, m := range msgs[:300] {
+			want = append(want, m.MessageID)
+		}
+		want = append(want, "last-0")
+		require.Equal(t, want, b.db.Strings(t, "SELECT message_id FROM inbox ORDER BY id"), "ids follow the order of delivery")
 	})
 
 	t.Run("RecordsConflictingDuplicatesAndKeepsTheFirstPayload", func(t *testing.T) {

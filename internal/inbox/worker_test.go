@@ -122,6 +122,9 @@ type inboxRow struct {
 	Result     *string
 	Processed  bool
 	NextDueInF float64
+	// RetryDelay is next_attempt_at less the recorded end of the last
+	// attempt: the delay a retry waits from its outcome.
+	RetryDelay time.Duration
 }
 
 func readRow(t *testing.T, pool *pgxpool.Pool, messageID string) inboxRow {
@@ -129,9 +132,10 @@ func readRow(t *testing.T, pool *pgxpool.Pool, messageID string) inboxRow {
 	var r inboxRow
 	err := pool.QueryRow(t.Context(), `
 		SELECT status, attempts, last_error, result, processed_at IS NOT NULL,
-		       extract(epoch FROM next_attempt_at - now())::float8
-		FROM inbox WHERE message_id = $1`, messageID).
-		Scan(&r.Status, &r.Attempts, &r.LastError, &r.Result, &r.Processed, &r.NextDueInF)
+		       extract(epoch FROM next_attempt_at - now())::float8,
+		       coalesce(next_attempt_at - (SELECT max(a.finished_at) FROM inbox_attempts a WHERE a.inbox_id = i.id), '0')
+		FROM inbox i WHERE message_id = $1`, messageID).
+		Scan(&r.Status, &r.Attempts, &r.LastError, &r.Result, &r.Processed, &r.NextDueInF, &r.RetryDelay)
 	require.NoError(t, err)
 	return r
 }
@@ -263,6 +267,29 @@ func TestWorker(t *testing.T) {
 		require.Zero(t, multi)
 	})
 
+	// What SKIP LOCKED is for: without it, the claim waits for any row
+	// lock, here an operator's open transaction, and claims nothing else.
+	t.Run("ARowLockedByAnotherSessionDoesNotStallTheClaim", func(t *testing.T) {
+		t.Parallel()
+		b := setupWorker(t)
+		insertMessages(t, b.db.Pool, 10)
+		tx, err := b.db.Pool.Begin(t.Context())
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(context.WithoutCancel(t.Context())) }()
+		_, err = tx.Exec(t.Context(), "SELECT * FROM inbox WHERE message_id = 'm-0' FOR UPDATE")
+		require.NoError(t, err)
+
+		w := b.newWorker(t, b.db.Pool, inbox.WorkerConfig{})
+		// Bounded only so that a stalled claim fails the test instead of
+		// hanging it.
+		ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+		defer cancel()
+		n, err := w.RunOnce(ctx)
+		require.NoError(t, err, "the claim waited for the locked row")
+		require.Equal(t, 9, n, "every unlocked message claimed and handled")
+		require.Equal(t, inbox.StatusPending, readRow(t, b.db.Pool, "m-0").Status)
+	})
+
 	t.Run("StopRollsBackWhenTheGraceEnds", func(t *testing.T) {
 		t.Parallel()
 		b := setupWorker(t)
@@ -316,10 +343,11 @@ func TestWorkerFailureIsBounded(t *testing.T) {
 			r := readRow(t, b.db.Pool, "m-0")
 			require.Equal(t, inbox.StatusPending, r.Status)
 			require.Equal(t, attempt, r.Attempts)
-			// Backoff: base doubled per attempt, jittered between half and all of it.
+			// Backoff: base doubled per attempt, jittered between half and
+			// all of it, from the recorded outcome (ms precision).
 			full := base << (attempt - 1)
-			require.GreaterOrEqual(t, r.NextDueInF, (full/2).Seconds()-0.2, "attempt %d", attempt)
-			require.LessOrEqual(t, r.NextDueInF, full.Seconds(), "attempt %d", attempt)
+			require.GreaterOrEqual(t, r.RetryDelay, full/2-time.Millisecond, "attempt %d", attempt)
+			require.LessOrEqual(t, r.RetryDelay, full, "attempt %d", attempt)
 			n, err := w.RunOnce(t.Context())
 			require.NoError(t, err)
 			require.Zero(t, n, "not claimed again before it is due")
@@ -332,6 +360,35 @@ func TestWorkerFailureIsBounded(t *testing.T) {
 		}, 10*time.Second, 10*time.Millisecond)
 		require.Equal(t, fails+1, readRow(t, b.db.Pool, "m-0").Attempts)
 		require.Equal(t, 1, b.db.Int(t, "SELECT count(*) FROM effects"), "effects once")
+	})
+
+	t.Run("ARetryWaitsItsFullDelayAfterALongBatch", func(t *testing.T) {
+		t.Parallel()
+		b := setupWorker(t)
+		insertMessages(t, b.db.Pool, 2)
+		w, err := inbox.NewWorker(b.db.Pool, &inbox.WorkerConfig{
+			Logger: testenv.Logger(t),
+			Handler: handlerFunc(func(ctx context.Context, tx pgx.Tx, msgs []inbox.Message) ([]inbox.Outcome, error) {
+				// A long batch: it outlasts the retry delay it asks for.
+				if _, err := tx.Exec(ctx, "SELECT pg_sleep(1.5)"); err != nil {
+					return nil, err
+				}
+				outcomes := make([]inbox.Outcome, len(msgs))
+				for i := range outcomes {
+					outcomes[i].Err = inbox.RetryAfter(time.Second, errors.New("try later"))
+				}
+				return outcomes, nil
+			}),
+		})
+		require.NoError(t, err)
+		n, err := w.RunOnce(t.Context())
+		require.NoError(t, err)
+		require.Equal(t, 2, n)
+		for _, id := range []string{"m-0", "m-1"} {
+			r := readRow(t, b.db.Pool, id)
+			require.Equal(t, inbox.StatusPending, r.Status)
+			require.Equal(t, time.Second, r.RetryDelay, "%s waits its delay from its outcome", id)
+		}
 	})
 
 	t.Run("RetryAfterOverridesTheBackoff", func(t *testing.T) {

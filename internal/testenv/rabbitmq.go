@@ -43,6 +43,13 @@ func NewBroker(tb testing.TB) *Broker {
 // consumer).
 func (b *Broker) ReadyMessages(tb testing.TB, queue string) int {
 	tb.Helper()
+	return b.Queue(tb, queue).Messages
+}
+
+// Queue returns what the broker says of a queue of the virtual host: its
+// ready messages and its consumers.
+func (b *Broker) Queue(tb testing.TB, queue string) amqp.Queue {
+	tb.Helper()
 	conn, err := amqp.Dial(b.URL)
 	require.NoError(tb, err)
 	defer conn.Close()
@@ -50,7 +57,7 @@ func (b *Broker) ReadyMessages(tb testing.TB, queue string) int {
 	require.NoError(tb, err)
 	q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
 	require.NoError(tb, err)
-	return q.Messages
+	return q
 }
 
 // Receive consumes n messages from a queue of the virtual host (acking
