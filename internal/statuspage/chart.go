@@ -33,8 +33,9 @@ type chartPoint struct {
 }
 
 type chartTick struct {
-	Pos   float64
-	Label string
+	Pos    float64
+	Label  string
+	Anchor string // text-anchor of the label
 }
 
 // newChart lays out minutes (oldest first) in a width×height box.
@@ -78,12 +79,19 @@ func newChart(minutes []Minute) chart {
 		c.Series = append(c.Series, cs)
 	}
 	for _, v := range []int64{0, top / 2, top} {
-		c.YTicks = append(c.YTicks, chartTick{Pos: round1(y(v)), Label: strconv.FormatInt(v, 10)})
+		c.YTicks = append(c.YTicks, chartTick{Pos: round1(y(v)), Label: strconv.FormatInt(v, 10), Anchor: "end"})
 	}
 	for i, m := range minutes {
-		if i%5 == 0 || i == len(minutes)-1 {
-			c.XTicks = append(c.XTicks, chartTick{Pos: round1(x(i)), Label: m.Minute.UTC().Format("15:04")})
+		anchor := "middle"
+		switch {
+		case i == 0:
+			anchor = "start"
+		case i == len(minutes)-1:
+			anchor = "end"
+		case i%5 != 0 || len(minutes)-1-i < 3:
+			continue // no label, or too close to the last one
 		}
+		c.XTicks = append(c.XTicks, chartTick{Pos: round1(x(i)), Label: m.Minute.UTC().Format("15:04"), Anchor: anchor})
 	}
 	return c
 }

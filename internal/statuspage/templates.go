@@ -27,6 +27,7 @@ var templates = template.Must(template.New("").Funcs(template.FuncMap{
 	"str":        deref,
 	"isoTime":    isoTime,
 	"sub":        func(a, b float64) float64 { return a - b },
+	"byBuild":    groupByBuild,
 	"headData": func(title string, refresh int) map[string]any {
 		return map[string]any{"Title": title, "Refresh": refresh}
 	},
@@ -123,4 +124,28 @@ func deref(s *string) string {
 		return "—"
 	}
 	return *s
+}
+
+// buildGroup is the rows of inbox_failures_by_build of one build, with the
+// statement that replays its dead messages.
+type buildGroup struct {
+	Build     string
+	Rows      []BuildFailure
+	ReplaySQL string
+}
+
+// groupByBuild groups rows by build, in the order the view gives them.
+func groupByBuild(rows []BuildFailure) []buildGroup {
+	var groups []buildGroup
+	index := map[string]int{}
+	for _, r := range rows {
+		i, ok := index[r.Build]
+		if !ok {
+			i = len(groups)
+			index[r.Build] = i
+			groups = append(groups, buildGroup{Build: r.Build, ReplaySQL: r.ReplaySQL})
+		}
+		groups[i].Rows = append(groups[i].Rows, r)
+	}
+	return groups
 }
