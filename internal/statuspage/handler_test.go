@@ -30,6 +30,12 @@ type testBundle struct {
 
 func setup(t *testing.T) *testBundle {
 	t.Helper()
+	return setupBench(t)
+}
+
+// setupBench is setup for a test or a benchmark.
+func setupBench(t testing.TB) *testBundle {
+	t.Helper()
 	db := testenv.NewDB(t)
 	seedKnownStates(t, db)
 	pc, err := pgxpool.ParseConfig(db.URL)
@@ -44,7 +50,7 @@ func setup(t *testing.T) *testBundle {
 	return &testBundle{db: db, page: page, server: server}
 }
 
-func newPage(t *testing.T, pool *pgxpool.Pool) *statuspage.Handler {
+func newPage(t testing.TB, pool *pgxpool.Pool) *statuspage.Handler {
 	t.Helper()
 	page, err := statuspage.New(pool, &statuspage.Config{
 		Logger:  testenv.Logger(t),
@@ -63,7 +69,7 @@ func newPage(t *testing.T, pool *pgxpool.Pool) *statuspage.Handler {
 // 15 minutes: processed, pending, retrying, dead of two errors in two
 // builds, an order held back behind a dead message, a conflicting id and a
 // replay. One payload holds an e-mail address, which must never show.
-func seedKnownStates(t *testing.T, db *testenv.DB) {
+func seedKnownStates(t testing.TB, db *testenv.DB) {
 	t.Helper()
 	_, err := db.Pool.Exec(t.Context(), `
 		INSERT INTO inbox (message_id, message_type, payload, status, attempts, last_error, order_key,
