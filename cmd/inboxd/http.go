@@ -22,7 +22,9 @@ import (
 func newHTTPHandler(pool *pgxpool.Pool, consumer *inbox.Consumer, relay *outbox.Relay, registry *prometheus.Registry, statusPage http.Handler, withPprof bool) http.Handler {
 	mux := http.NewServeMux()
 	if statusPage != nil {
-		mux.Handle("GET /", statusPage)
+		// Any method: "GET /" would conflict with the profiler's patterns.
+		// The page answers only GET (and HEAD) itself.
+		mux.Handle("/", statusPage)
 	}
 	mux.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
 	if withPprof {

@@ -12,14 +12,15 @@ import (
 )
 
 // inboxd serves the status page and its JSON on HTTP_ADDR, next to
-// /metrics, reporting its own state; INBOX_STATUS_PAGE=false leaves / as 404.
+// /metrics and the profiler, reporting its own state; INBOX_STATUS_PAGE=false
+// leaves / as 404.
 func TestStatusPageServed(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 
 	t.Run("On", func(t *testing.T) {
 		addr := freeAddr(t)
-		startProcess(t, serviceEnv(b.db, b.broker, "HTTP_ADDR="+addr))
+		startProcess(t, serviceEnv(b.db, b.broker, "HTTP_ADDR="+addr, "INBOX_PPROF=true"))
 		require.Eventually(t, func() bool {
 			status, _ := httpGet(t, "http://"+addr+"/readyz")
 			return status == http.StatusOK
@@ -60,6 +61,12 @@ func TestStatusPageServed(t *testing.T) {
 		require.Contains(t, body, `data-table="attempts"`)
 		status, _ = httpGet(t, "http://"+addr+"/metrics")
 		require.Equal(t, http.StatusOK, status, "/metrics still served")
+		status, _ = httpGet(t, "http://"+addr+"/debug/pprof/")
+		require.Equal(t, http.StatusOK, status, "the profiler too")
+		resp, err := http.Post("http://"+addr+"/", "text/plain", nil)
+		require.NoError(t, err)
+		_ = resp.Body.Close()
+		require.Equal(t, http.StatusMethodNotAllowed, resp.StatusCode, "the page is read-only")
 	})
 
 	t.Run("Off", func(t *testing.T) {
