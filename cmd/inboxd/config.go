@@ -23,6 +23,7 @@ type config struct {
 	amqpURL     string
 	httpAddr    string
 	pprof       bool
+	statusPage  bool
 
 	logLevel  slog.Level
 	logFormat string
@@ -79,7 +80,8 @@ func (c *config) settings() []setting {
 	return []setting{
 		{name: "DATABASE_URL", doc: "PostgreSQL connection URL or DSN; a search_path parameter selects the schema", secret: true, apply: c.parseDatabaseURL},
 		{name: "AMQP_URL", doc: "RabbitMQ URL, amqp:// or amqps:// (serve only)", secret: true, serveOnly: true, apply: c.parseAMQPURL},
-		{name: "HTTP_ADDR", def: "127.0.0.1:8080", doc: "address of /healthz, /readyz and /metrics", apply: c.parseHTTPAddr},
+		{name: "HTTP_ADDR", def: "127.0.0.1:8080", doc: "address of /healthz, /readyz, /metrics and the status page; keep it private", apply: c.parseHTTPAddr},
+		{name: "INBOX_STATUS_PAGE", def: "true", doc: "serve the read-only status page on HTTP_ADDR at / (JSON under /api/)", apply: boolVar(&c.statusPage)},
 		{name: "INBOX_PPROF", def: "false", doc: "serve Go's profiler on HTTP_ADDR under /debug/pprof/", apply: boolVar(&c.pprof)},
 		{name: "INBOX_LOG_LEVEL", def: "info", doc: "debug, info, warn or error", apply: c.parseLogLevel},
 		{name: "INBOX_LOG_FORMAT", def: "json", doc: "json or text", apply: oneOf(&c.logFormat, "json", "text")},

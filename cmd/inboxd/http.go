@@ -17,10 +17,15 @@ import (
 
 // newHTTPHandler serves /healthz (the process is alive), /readyz (it can
 // reach PostgreSQL, is consuming from RabbitMQ and its relay is connected),
-// /metrics (Prometheus) and, when withPprof, Go's profiler under
-// /debug/pprof/.
-func newHTTPHandler(pool *pgxpool.Pool, consumer *inbox.Consumer, relay *outbox.Relay, registry *prometheus.Registry, withPprof bool) http.Handler {
+// /metrics (Prometheus), the status page at / when statusPage is not nil,
+// and, when withPprof, Go's profiler under /debug/pprof/.
+func newHTTPHandler(pool *pgxpool.Pool, consumer *inbox.Consumer, relay *outbox.Relay, registry *prometheus.Registry, statusPage http.Handler, withPprof bool) http.Handler {
 	mux := http.NewServeMux()
+	if statusPage != nil {
+		// Any method: "GET /" would conflict with the profiler's patterns.
+		// The page answers only GET (and HEAD) itself.
+		mux.Handle("/", statusPage)
+	}
 	mux.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
 	if withPprof {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)

@@ -19,6 +19,7 @@ import (
 	"github.com/orderconfirm/inboxd/internal/migrate"
 	"github.com/orderconfirm/inboxd/internal/orders"
 	"github.com/orderconfirm/inboxd/internal/outbox"
+	"github.com/orderconfirm/inboxd/internal/statuspage"
 )
 
 // wrapHandler wraps the order handler; the crashtest build of the tests
@@ -38,6 +39,7 @@ func migrateUp(ctx context.Context, cfg *config, logger *slog.Logger) error {
 // that wakes them, the HTTP endpoint) until ctx ends, then stops it within
 // cfg.shutdownTimeout.
 func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
+	servingSince := time.Now()
 	if cfg.migrate {
 		if err := migrateUp(ctx, cfg, logger); err != nil {
 			return err
@@ -155,8 +157,34 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
 	listenConfig.RuntimeParams["application_name"] += " listener"
 	listener := inbox.NewListener(listenConfig, logger, worker.Notify, relay.Notify)
 
+	var statusPage http.Handler
+	if cfg.statusPage {
+		// The status page has a pool of its own, so however many people
+		// look, it cannot take a connection from the service's work.
+		statusPool, err := newPool(ctx, cfg, "status", statuspage.PoolSizeDefault)
+		if err != nil {
+			return err
+		}
+		defer statusPool.Close()
+		statusPage, err = statuspage.New(statusPool, &statuspage.Config{
+			Logger:  logger,
+			Build:   build,
+			Started: servingSince,
+			State: func() statuspage.ServiceState {
+				return statuspage.ServiceState{
+					IngestConsuming: consumer.Consuming(),
+					RelayConnected:  relay.Connected(),
+					Workers:         cfg.workers,
+					IngestChannels:  cfg.ingestChannels,
+				}
+			},
+		})
+		if err != nil {
+			return err
+		}
+	}
 	httpServer := &http.Server{
-		Handler:           newHTTPHandler(workerPool, consumer, relay, m.Registry, cfg.pprof),
+		Handler:           newHTTPHandler(workerPool, consumer, relay, m.Registry, statusPage, cfg.pprof),
 		ReadHeaderTimeout: 5 * time.Second,
 	}
 	ln, err := net.Listen("tcp", cfg.httpAddr)

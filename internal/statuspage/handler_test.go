@@ -1,0 +1,300 @@
+package statuspage_test
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/orderconfirm/inboxd/internal/statuspage"
+	"github.com/orderconfirm/inboxd/internal/testenv"
+)
+
+func TestMain(m *testing.M) { testenv.Main(m) }
+
+// testBundle is a status page on a seeded schema, served over HTTP.
+type testBundle struct {
+	db     *testenv.DB
+	page   *statuspage.Handler
+	server *httptest.Server
+}
+
+func setup(t *testing.T) *testBundle {
+	t.Helper()
+	return setupBench(t)
+}
+
+// setupBench is setup for a test or a benchmark.
+func setupBench(t testing.TB) *testBundle {
+	t.Helper()
+	db := testenv.NewDB(t)
+	seedKnownStates(t, db)
+	pc, err := pgxpool.ParseConfig(db.URL)
+	require.NoError(t, err)
+	pc.MaxConns = statuspage.PoolSizeDefault
+	pool, err := pgxpool.NewWithConfig(t.Context(), pc)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	page := newPage(t, pool)
+	server := httptest.NewServer(page)
+	t.Cleanup(server.Close)
+	return &testBundle{db: db, page: page, server: server}
+}
+
+func newPage(t testing.TB, pool *pgxpool.Pool) *statuspage.Handler {
+	t.Helper()
+	page, err := statuspage.New(pool, &statuspage.Config{
+		Logger:  testenv.Logger(t),
+		Build:   "test-build",
+		Started: time.Now().Add(-90 * time.Minute),
+		State: func() statuspage.ServiceState {
+			return statuspage.ServiceState{IngestConsuming: true, RelayConnected: true, Workers: 2, IngestChannels: 2}
+		},
+	})
+	require.NoError(t, err)
+	return page
+}
+
+// seedKnownStates fills a fresh schema with messages in every state the
+// page shows, as the service would have left them, all within the chart's
+// 15 minutes: processed, pending, retrying, dead of two errors in two
+// builds, an order held back behind a dead message, a conflicting id and a
+// replay. One payload holds an e-mail address, which must never show.
+func seedKnownStates(t testing.TB, db *testenv.DB) {
+	t.Helper()
+	_, err := db.Pool.Exec(t.Context(), `
+		INSERT INTO inbox (message_id, message_type, payload, status, attempts, last_error, order_key,
+		                   received_at, processed_at, next_attempt_at, claimed_at, claimed_by, claimed_build)
+		VALUES
+		  ('new',       'order.created',   '{}', 'pending',   0, NULL,          'o-1', now() - interval '2 minutes',  NULL, now(), NULL, NULL, NULL),
+		  ('handling',  'order.created',   '{}', 'pending',   1, NULL,          'o-2', now() - interval '1 minute',   NULL, now(), now(), 'host/7', 'b2'),
+		  ('retrying',  'order.created',   '{}', 'pending',   2, 'deadlock',    'o-3', now() - interval '3 minutes',  NULL, now() + interval '1 minute', NULL, NULL, NULL),
+		  ('done-1',    'order.created',   '{"orderId":"o-4","email":"alice@example.com"}', 'processed', 1, NULL, 'o-4', now() - interval '30 seconds', now() - interval '10 seconds', now(), NULL, NULL, NULL),
+		  ('done-2',    'order.created',   '{}', 'processed', 1, NULL,          'o-5', now() - interval '40 seconds', now() - interval '20 seconds', now(), NULL, NULL, NULL),
+		  ('done-3',    'order.cancelled', '{}', 'processed', 1, NULL,          'o-5', now() - interval '4 minutes',  now() - interval '3 minutes', now(), NULL, NULL, NULL),
+		  ('done-4',    'order.created',   '{}', 'processed', 1, NULL,          'o-6', now() - interval '9 minutes',  now() - interval '8 minutes', now(), NULL, NULL, NULL),
+		  ('to-replay', 'order.created',   '{}', 'processed', 1, NULL,          'o-7', now() - interval '20 minutes', now() - interval '15 minutes', now(), NULL, NULL, NULL),
+		  ('dead-json', 'order.created',   'x',  'dead',      1, 'invalid JSON', NULL, now() - interval '7 minutes',  now() - interval '6 minutes', now(), NULL, NULL, NULL),
+		  ('dead-sku',  'order.created',   '{}', 'dead',      10, 'unknown sku: SKU-9', 'o-9', now() - interval '11 minutes', now() - interval '5 minutes', now(), NULL, NULL, NULL),
+		  ('dead-sku2', 'order.created',   '{}', 'dead',      10, 'unknown sku: SKU-9', 'o-10', now() - interval '10 minutes', now() - interval '4 minutes', now(), NULL, NULL, NULL),
+		  ('held',      'order.cancelled', '{}', 'pending',   0, NULL,          'o-9', now() - interval '6 minutes',  NULL, now(), NULL, NULL, NULL);
+
+		INSERT INTO inbox_attempts (inbox_id, run, attempt, message_id, outcome, error, process, build, finished_at)
+		SELECT id, 0, a.attempt, message_id, a.outcome, a.error, 'host/1', a.build, now() - a.ago
+		FROM inbox
+		JOIN (VALUES
+		  ('retrying',  1, 'retry',     'deadlock',           'b2', interval '2 minutes'),
+		  ('retrying',  2, 'retry',     'deadlock',           'b2', interval '1 minute'),
+		  ('done-1',    1, 'processed', NULL,                 'b1', interval '10 seconds'),
+		  ('done-2',    1, 'processed', NULL,                 'b1', interval '20 seconds'),
+		  ('done-3',    1, 'processed', NULL,                 'b1', interval '3 minutes'),
+		  ('done-4',    1, 'processed', NULL,                 'b1', interval '8 minutes'),
+		  ('dead-json', 1, 'dead',      'invalid JSON',       'b1', interval '6 minutes'),
+		  ('dead-sku',  9, 'abandoned', 'crashed',            'b2', interval '6 minutes'),
+		  ('dead-sku',  10, 'dead',     'unknown sku: SKU-9', 'b2', interval '5 minutes'),
+		  ('dead-sku2', 10, 'dead',     'unknown sku: SKU-9', 'b2', interval '4 minutes')
+		) AS a (mid, attempt, outcome, error, build, ago) ON a.mid = inbox.message_id;
+
+		UPDATE inbox SET replay_requested = true, replay_reason = 'stock data fixed' WHERE message_id = 'to-replay';
+
+		INSERT INTO inbox_conflicts (message_id, message_type, stored_sha256, conflicting_sha256, conflicting_payload)
+		VALUES ('done-1', 'order.created', 'aa', 'bb', '{"email":"mallory@example.com"}');
+
+		INSERT INTO outbox (idempotency_key, message_id, routing_key, payload, created_at, published_at, last_error)
+		VALUES ('done-1:order.confirmed', 'done-1', 'order.confirmed', '{}', now() - interval '10 seconds', now(), NULL),
+		       ('done-2:order.confirmed', 'done-2', 'order.confirmed', '{}', now() - interval '20 seconds', NULL, NULL),
+		       ('done-2:email.requested', 'done-2', 'email.requested', '{"to":"bob@example.com"}', now() - interval '30 seconds', NULL, 'broker refused');`)
+	require.NoError(t, err)
+}
+
+func get(t *testing.T, url string) (int, string) {
+	t.Helper()
+	resp, err := http.Get(url)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, string(b)
+}
+
+// The JSON says what the views say, its replay statements replay exactly
+// the messages of their group, and nothing shows a payload.
+func TestStatusPageJSON(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+
+	status, body := get(t, b.server.URL+"/api/overview")
+	require.Equal(t, http.StatusOK, status, body)
+	require.NotContains(t, body, "@example.com", "no payload, no e-mail address")
+	var o statuspage.Overview
+	require.NoError(t, json.Unmarshal([]byte(body), &o))
+	require.True(t, o.Database.Reachable)
+	require.Equal(t, "test-build", o.Service.Build)
+	require.True(t, o.Service.RabbitMQConnected())
+
+	var want statuspage.InboxNow
+	require.NoError(t, b.db.Pool.QueryRow(t.Context(), `
+		SELECT pending, in_progress, waiting_retry, replays_waiting, dead, processed, processed_last_minute,
+		       failed_attempts_last_5_minutes, conflicting_ids
+		FROM inbox_overview`).Scan(&want.Pending, &want.InProgress, &want.WaitingRetry, &want.ReplaysWaiting,
+		&want.Dead, &want.Processed, &want.ProcessedLastMinute, &want.FailedAttemptsLast5Minutes, &want.ConflictingIDs))
+	got := *o.Inbox
+	got.OldestPendingSeconds, got.PerSecondLast5Minutes, got.LastProcessedAt = 0, 0, nil
+	require.Equal(t, want, got)
+	require.Len(t, o.Throughput, 15)
+	require.Equal(t, []string{"dead-sku2", "dead-sku", "dead-json"}, func() (ids []string) {
+		for _, d := range o.Dead {
+			ids = append(ids, d.MessageID)
+		}
+		return ids
+	}())
+
+	// Each group's statement replays exactly its messages.
+	require.Len(t, o.DeadByError, 2)
+	for _, g := range o.DeadByError {
+		require.Equal(t, g.Messages, replayed(t, b.db, g.ReplaySQL), g.ReplaySQL)
+	}
+	builds := map[string]bool{}
+	for _, f := range o.FailuresByBuild {
+		builds[f.Build] = true
+		wantDead := b.db.Int(t, `SELECT count(DISTINCT inbox_id) FROM inbox_attempts a JOIN inbox i ON i.id = a.inbox_id
+			WHERE a.build = $1 AND a.outcome <> 'processed' AND i.status = 'dead'`, f.Build)
+		require.EqualValues(t, wantDead, replayed(t, b.db, f.ReplaySQL), f.ReplaySQL)
+	}
+	require.Equal(t, map[string]bool{"b1": true, "b2": true}, builds)
+
+	t.Run("Message", func(t *testing.T) {
+		status, body := get(t, b.server.URL+"/api/messages/done-1")
+		require.Equal(t, http.StatusOK, status, body)
+		require.NotContains(t, body, "@example.com")
+		var m statuspage.Message
+		require.NoError(t, json.Unmarshal([]byte(body), &m))
+		require.True(t, m.Found)
+		require.Equal(t, "processed", m.Inbox.Status)
+		require.Len(t, m.Attempts, 1)
+
+		status, _ = get(t, b.server.URL+"/api/messages/no-such-id")
+		require.Equal(t, http.StatusNotFound, status)
+		status, body = get(t, b.server.URL+"/messages/no-such-id")
+		require.Equal(t, http.StatusNotFound, status)
+		require.Contains(t, body, "No message with this id")
+	})
+}
+
+// replayed runs a replay statement in a transaction it rolls back and
+// returns how many rows it changed.
+func replayed(t *testing.T, db *testenv.DB, stmt string) int64 {
+	t.Helper()
+	tx, err := db.Pool.Begin(t.Context())
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(context.WithoutCancel(t.Context())) }()
+	tag, err := tx.Exec(t.Context(), stmt)
+	require.NoError(t, err)
+	return tag.RowsAffected()
+}
+
+// A hundred requests at once cost one query per view.
+func TestStatusPageCoalescesReads(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	var wg sync.WaitGroup
+	for range 100 {
+		wg.Go(func() {
+			resp, err := http.Get(b.server.URL + "/")
+			if err == nil {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				_ = resp.Body.Close()
+			}
+		})
+	}
+	wg.Wait()
+	counts := b.page.QueryCounts()
+	require.NotEmpty(t, counts)
+	for view, n := range counts {
+		require.EqualValues(t, 1, n, "queries of %s", view)
+	}
+}
+
+// With PostgreSQL unreachable the page answers within its timeout and says
+// so: a port nothing listens on (refused at once), and one that accepts
+// and never answers (bounded by Config.Timeout).
+func TestStatusPageDatabaseUnreachable(t *testing.T) {
+	t.Parallel()
+	for name, addr := range map[string]string{"Refused": closedAddr(t), "Silent": silentAddr(t)} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			pc, err := pgxpool.ParseConfig("postgres://postgres@" + addr + "/test?sslmode=disable&connect_timeout=30")
+			require.NoError(t, err)
+			pc.MaxConns = statuspage.PoolSizeDefault
+			pool, err := pgxpool.NewWithConfig(t.Context(), pc)
+			require.NoError(t, err)
+			t.Cleanup(pool.Close)
+			server := httptest.NewServer(newPage(t, pool))
+			t.Cleanup(server.Close)
+
+			for _, path := range []string{"/", "/messages/dead-sku"} {
+				started := time.Now()
+				status, body := get(t, server.URL+path)
+				require.Less(t, time.Since(started), 3*time.Second, "%s answers within the status page's timeout", path)
+				require.Equal(t, http.StatusServiceUnavailable, status, path)
+				require.Contains(t, body, "The database is unreachable", path)
+				require.Contains(t, body, "test-build", "the service's own state still shows")
+			}
+			status, body := get(t, server.URL+"/api/overview")
+			require.Equal(t, http.StatusServiceUnavailable, status)
+			var o statuspage.Overview
+			require.NoError(t, json.Unmarshal([]byte(body), &o))
+			require.False(t, o.Database.Reachable)
+			require.True(t, strings.HasPrefix(o.Database.Error, "database unreachable"), o.Database.Error)
+		})
+	}
+}
+
+// closedAddr returns a loopback address nothing listens on.
+func closedAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	return addr
+}
+
+// silentAddr returns a loopback address that accepts connections and never
+// answers.
+func silentAddr(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	var conns []net.Conn
+	var mu sync.Mutex
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		_ = ln.Close()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	})
+	return ln.Addr().String()
+}
