@@ -175,7 +175,6 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
 					IngestConsuming: consumer.Consuming(),
 					RelayConnected:  relay.Connected(),
 					Workers:         cfg.workers,
-					IngestChannels:  cfg.ingestChannels,
 				}
 			},
 		})

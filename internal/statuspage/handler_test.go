@@ -57,7 +57,7 @@ func newPage(t testing.TB, pool *pgxpool.Pool) *statuspage.Handler {
 		Build:   "test-build",
 		Started: time.Now().Add(-90 * time.Minute),
 		State: func() statuspage.ServiceState {
-			return statuspage.ServiceState{IngestConsuming: true, RelayConnected: true, Workers: 2, IngestChannels: 2}
+			return statuspage.ServiceState{IngestConsuming: true, RelayConnected: true, Workers: 2}
 		},
 	})
 	require.NoError(t, err)
