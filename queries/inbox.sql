@@ -2,13 +2,16 @@
 -- InboxInsertMany stores a batch of messages in arrival order, skipping every
 -- message whose message_id is already in the inbox (or earlier in the batch),
 -- and returns the message ids it inserted. The ids it does not return were
--- duplicates.
-INSERT INTO inbox (message_id, message_type, routing_key, payload, order_key)
+-- duplicates. An empty traceparent or tracestate is stored as NULL (no trace
+-- context); when the arrays are left out, every row has none.
+INSERT INTO inbox (message_id, message_type, routing_key, payload, order_key, traceparent, tracestate)
 SELECT unnest(@message_ids::text[]),
        unnest(@message_types::text[]),
        unnest(@routing_keys::text[]),
        unnest(@payloads::bytea[]),
-       nullif(unnest(@order_keys::text[]), '')
+       nullif(unnest(@order_keys::text[]), ''),
+       nullif(unnest(@traceparents::text[]), ''),
+       nullif(unnest(@tracestates::text[]), '')
 ON CONFLICT (message_id) DO NOTHING
 RETURNING message_id;
 
@@ -91,7 +94,8 @@ SELECT id, claimed_at::timestamptz AS claimed_at FROM claimed;
 -- one for an instant. Locks are taken in id order, so two workers never
 -- deadlock.
 SELECT i.id, i.message_id, i.message_type, i.payload, i.attempts, i.received_at, i.replay_requested,
-       i.replay_count, i.claimed_at
+       i.replay_count, i.claimed_at,
+       coalesce(i.traceparent, '') AS traceparent, coalesce(i.tracestate, '') AS tracestate
 FROM inbox i
 JOIN (SELECT unnest(@ids::bigint[]) AS id, unnest(@claimed_ats::timestamptz[]) AS claimed_at) AS c
   ON c.id = i.id AND c.claimed_at = i.claimed_at

@@ -1,11 +1,14 @@
 -- name: OutboxInsertMany :exec
 -- OutboxInsertMany records effects to publish, skipping every one whose
--- idempotency key is already in the outbox.
-INSERT INTO outbox (idempotency_key, routing_key, payload, message_id)
+-- idempotency key is already in the outbox. An empty traceparent or
+-- tracestate is stored as NULL; when the arrays are left out, no row has one.
+INSERT INTO outbox (idempotency_key, routing_key, payload, message_id, traceparent, tracestate)
 SELECT unnest(@idempotency_keys::text[]),
        unnest(@routing_keys::text[]),
        unnest(@payloads::text[])::jsonb,
-       unnest(@message_ids::text[])
+       unnest(@message_ids::text[]),
+       nullif(unnest(@traceparents::text[]), ''),
+       nullif(unnest(@tracestates::text[]), '')
 ON CONFLICT (idempotency_key) DO NOTHING;
 
 -- name: OutboxClaimBatch :many
@@ -26,7 +29,8 @@ WHERE outbox.id IN (
     LIMIT sqlc.arg(max_rows)
     FOR UPDATE SKIP LOCKED
 )
-RETURNING outbox.id, outbox.idempotency_key, outbox.routing_key, outbox.payload::text AS payload, outbox.created_at, outbox.attempts;
+RETURNING outbox.id, outbox.idempotency_key, outbox.routing_key, outbox.payload::text AS payload, outbox.created_at, outbox.attempts,
+          coalesce(outbox.traceparent, '') AS traceparent, coalesce(outbox.tracestate, '') AS tracestate;
 
 -- name: OutboxReleaseExpired :execrows
 -- OutboxReleaseExpired ends the claims older than lease_seconds, those of

@@ -18,6 +18,7 @@ import (
 	"github.com/orderconfirm/inboxd/internal/migrate"
 	"github.com/orderconfirm/inboxd/internal/orders"
 	"github.com/orderconfirm/inboxd/internal/outbox"
+	"github.com/orderconfirm/inboxd/internal/tracing"
 )
 
 // wrapHandler wraps the order handler; the crashtest build of the tests
@@ -35,8 +36,16 @@ func migrateUp(ctx context.Context, cfg *config, logger *slog.Logger) error {
 
 // serve runs the service (ingest, workers, the outbox relay, the listener
 // that wakes them, the HTTP endpoint) until ctx ends, then stops it within
-// cfg.shutdownTimeout.
-func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
+// cfg.shutdownTimeout. Its spans go to tp, which serve shuts down (flushing
+// the spans still buffered) before it returns.
+func serve(ctx context.Context, cfg *config, logger *slog.Logger, tp *tracing.Provider) error {
+	defer func() {
+		flushCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := tp.Shutdown(flushCtx); err != nil {
+			logger.Warn("flush spans", slog.String("error", err.Error()))
+		}
+	}()
 	if cfg.migrate {
 		if err := migrateUp(ctx, cfg, logger); err != nil {
 			return err
@@ -82,6 +91,7 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
 		Process:        process,
 		Build:          build,
 		Observe:        m.ObserveBatch,
+		Tracer:         tp.Tracer,
 	})
 	if err != nil {
 		return err
@@ -102,6 +112,7 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
 		OnStored:               worker.Notify,
 		OrderingKey:            orders.OrderingKey,
 		Observe:                m.ObserveIngest,
+		Tracer:                 tp.Tracer,
 	})
 	if err != nil {
 		return err
@@ -118,6 +129,7 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
 		RetryMax:       cfg.retryMax,
 		Heartbeat:      cfg.amqpHeartbeat,
 		OnPublished:    m.ObservePublished,
+		Tracer:         tp.Tracer,
 	})
 	if err != nil {
 		return err
@@ -176,7 +188,8 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
 	}
 	logger.Info("inboxd serving", slog.String("http_addr", ln.Addr().String()),
 		slog.String("build", build), slog.String("process", process),
-		slog.Int("workers", cfg.workers), slog.Int("ingest_channels", cfg.ingestChannels))
+		slog.Int("workers", cfg.workers), slog.Int("ingest_channels", cfg.ingestChannels),
+		slog.Bool("exporting_spans", tp.Exporting), slog.String("otlp_protocol", tp.Protocol))
 
 	<-ctx.Done()
 	started := time.Now()

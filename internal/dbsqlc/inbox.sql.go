@@ -211,12 +211,14 @@ func (q *Queries) InboxCompleteMany(ctx context.Context, db DBTX, arg InboxCompl
 }
 
 const inboxInsertMany = `-- name: InboxInsertMany :many
-INSERT INTO inbox (message_id, message_type, routing_key, payload, order_key)
+INSERT INTO inbox (message_id, message_type, routing_key, payload, order_key, traceparent, tracestate)
 SELECT unnest($1::text[]),
        unnest($2::text[]),
        unnest($3::text[]),
        unnest($4::bytea[]),
-       nullif(unnest($5::text[]), '')
+       nullif(unnest($5::text[]), ''),
+       nullif(unnest($6::text[]), ''),
+       nullif(unnest($7::text[]), '')
 ON CONFLICT (message_id) DO NOTHING
 RETURNING message_id
 `
@@ -227,12 +229,15 @@ type InboxInsertManyParams struct {
 	RoutingKeys  []string
 	Payloads     [][]byte
 	OrderKeys    []string
+	Traceparents []string
+	Tracestates  []string
 }
 
 // InboxInsertMany stores a batch of messages in arrival order, skipping every
 // message whose message_id is already in the inbox (or earlier in the batch),
 // and returns the message ids it inserted. The ids it does not return were
-// duplicates.
+// duplicates. An empty traceparent or tracestate is stored as NULL (no trace
+// context); when the arrays are left out, every row has none.
 func (q *Queries) InboxInsertMany(ctx context.Context, db DBTX, arg InboxInsertManyParams) ([]string, error) {
 	rows, err := db.Query(ctx, inboxInsertMany,
 		arg.MessageIds,
@@ -240,6 +245,8 @@ func (q *Queries) InboxInsertMany(ctx context.Context, db DBTX, arg InboxInsertM
 		arg.RoutingKeys,
 		arg.Payloads,
 		arg.OrderKeys,
+		arg.Traceparents,
+		arg.Tracestates,
 	)
 	if err != nil {
 		return nil, err
@@ -261,7 +268,8 @@ func (q *Queries) InboxInsertMany(ctx context.Context, db DBTX, arg InboxInsertM
 
 const inboxLockClaimed = `-- name: InboxLockClaimed :many
 SELECT i.id, i.message_id, i.message_type, i.payload, i.attempts, i.received_at, i.replay_requested,
-       i.replay_count, i.claimed_at
+       i.replay_count, i.claimed_at,
+       coalesce(i.traceparent, '') AS traceparent, coalesce(i.tracestate, '') AS tracestate
 FROM inbox i
 JOIN (SELECT unnest($1::bigint[]) AS id, unnest($2::timestamptz[]) AS claimed_at) AS c
   ON c.id = i.id AND c.claimed_at = i.claimed_at
@@ -285,6 +293,8 @@ type InboxLockClaimedRow struct {
 	ReplayRequested bool
 	ReplayCount     int32
 	ClaimedAt       *time.Time
+	Traceparent     string
+	Tracestate      string
 }
 
 // InboxLockClaimed locks claimed messages for the rest of the calling
@@ -314,6 +324,8 @@ func (q *Queries) InboxLockClaimed(ctx context.Context, db DBTX, arg InboxLockCl
 			&i.ReplayRequested,
 			&i.ReplayCount,
 			&i.ClaimedAt,
+			&i.Traceparent,
+			&i.Tracestate,
 		); err != nil {
 			return nil, err
 		}

@@ -32,6 +32,8 @@ type Inbox struct {
 	ReplayReason    pgtype.Text
 	ClaimedBy       pgtype.Text
 	ClaimedBuild    pgtype.Text
+	Traceparent     pgtype.Text
+	Tracestate      pgtype.Text
 }
 
 type InboxAttempt struct {
@@ -152,6 +154,8 @@ type Outbox struct {
 	ClaimedAt      *time.Time
 	NextAttemptAt  time.Time
 	LastError      pgtype.Text
+	Traceparent    pgtype.Text
+	Tracestate     pgtype.Text
 }
 
 type OutboxBacklog struct {

@@ -24,7 +24,8 @@ WHERE outbox.id IN (
     LIMIT $1
     FOR UPDATE SKIP LOCKED
 )
-RETURNING outbox.id, outbox.idempotency_key, outbox.routing_key, outbox.payload::text AS payload, outbox.created_at, outbox.attempts
+RETURNING outbox.id, outbox.idempotency_key, outbox.routing_key, outbox.payload::text AS payload, outbox.created_at, outbox.attempts,
+          coalesce(outbox.traceparent, '') AS traceparent, coalesce(outbox.tracestate, '') AS tracestate
 `
 
 type OutboxClaimBatchRow struct {
@@ -34,6 +35,8 @@ type OutboxClaimBatchRow struct {
 	Payload        string
 	CreatedAt      time.Time
 	Attempts       int32
+	Traceparent    string
+	Tracestate     string
 }
 
 // OutboxClaimBatch claims up to max_rows unpublished, unclaimed rows that are
@@ -56,6 +59,8 @@ func (q *Queries) OutboxClaimBatch(ctx context.Context, db DBTX, maxRows int32) 
 			&i.Payload,
 			&i.CreatedAt,
 			&i.Attempts,
+			&i.Traceparent,
+			&i.Tracestate,
 		); err != nil {
 			return nil, err
 		}
@@ -68,11 +73,13 @@ func (q *Queries) OutboxClaimBatch(ctx context.Context, db DBTX, maxRows int32) 
 }
 
 const outboxInsertMany = `-- name: OutboxInsertMany :exec
-INSERT INTO outbox (idempotency_key, routing_key, payload, message_id)
+INSERT INTO outbox (idempotency_key, routing_key, payload, message_id, traceparent, tracestate)
 SELECT unnest($1::text[]),
        unnest($2::text[]),
        unnest($3::text[])::jsonb,
-       unnest($4::text[])
+       unnest($4::text[]),
+       nullif(unnest($5::text[]), ''),
+       nullif(unnest($6::text[]), '')
 ON CONFLICT (idempotency_key) DO NOTHING
 `
 
@@ -81,16 +88,21 @@ type OutboxInsertManyParams struct {
 	RoutingKeys     []string
 	Payloads        []string
 	MessageIds      []string
+	Traceparents    []string
+	Tracestates     []string
 }
 
 // OutboxInsertMany records effects to publish, skipping every one whose
-// idempotency key is already in the outbox.
+// idempotency key is already in the outbox. An empty traceparent or
+// tracestate is stored as NULL; when the arrays are left out, no row has one.
 func (q *Queries) OutboxInsertMany(ctx context.Context, db DBTX, arg OutboxInsertManyParams) error {
 	_, err := db.Exec(ctx, outboxInsertMany,
 		arg.IdempotencyKeys,
 		arg.RoutingKeys,
 		arg.Payloads,
 		arg.MessageIds,
+		arg.Traceparents,
+		arg.Tracestates,
 	)
 	return err
 }

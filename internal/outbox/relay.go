@@ -20,6 +20,7 @@ import (
 	"github.com/orderconfirm/inboxd/internal/inbox"
 	"github.com/orderconfirm/inboxd/internal/retry"
 	"github.com/orderconfirm/inboxd/internal/startstop"
+	"github.com/orderconfirm/inboxd/internal/tracing"
 )
 
 // RelayConfig configures a Relay.
@@ -55,6 +56,10 @@ type RelayConfig struct {
 	// OnPublished, when set, is told how many rows each batch published
 	// (confirmed and marked). It must not block.
 	OnPublished func(n int)
+	// Tracer starts the send span of each batch. Defaults to
+	// tracing.PropagateOnly(). Whatever it is, each event carries the trace
+	// context stored with its row as its traceparent and tracestate headers.
+	Tracer *tracing.Tracer
 }
 
 func (c *RelayConfig) withDefaults() (*RelayConfig, error) {
@@ -69,6 +74,7 @@ func (c *RelayConfig) withDefaults() (*RelayConfig, error) {
 	out.RetryBase = cmp.Or(out.RetryBase, time.Second)
 	out.RetryMax = cmp.Or(out.RetryMax, time.Minute)
 	out.Heartbeat = cmp.Or(out.Heartbeat, 10*time.Second)
+	out.Tracer = cmp.Or(out.Tracer, tracing.PropagateOnly())
 	switch {
 	case out.URL == "":
 		return nil, errors.New("relay: URL is required")
@@ -230,10 +236,18 @@ func (r *Relay) publishBatch(ctx, workCtx context.Context, ch *amqp.Channel) (in
 		return 0, nil
 	}
 
+	traces := make([]tracing.Text, len(rows))
+	for i, row := range rows {
+		traces[i] = tracing.Text{Traceparent: row.Traceparent, Tracestate: row.Tracestate}
+	}
+	ctx, span := r.cfg.Tracer.StartPublish(ctx, inbox.ExchangeEvents, len(rows), traces)
+	defer span.End()
+
 	confirms := make([]*amqp.DeferredConfirmation, len(rows))
 	var publishErr error
 	for i, row := range rows {
 		confirms[i], publishErr = ch.PublishWithDeferredConfirmWithContext(ctx, inbox.ExchangeEvents, row.RoutingKey, false, false, amqp.Publishing{
+			Headers:      traces[i].SetHeaders(nil),
 			ContentType:  "application/json",
 			DeliveryMode: amqp.Persistent,
 			MessageId:    row.IdempotencyKey,
@@ -285,7 +299,8 @@ func (r *Relay) publishBatch(ctx, workCtx context.Context, ch *amqp.Channel) (in
 		}); err != nil {
 			r.logger.Error("release outbox rows", slog.String("error", err.Error()))
 		}
-		r.logger.Warn("outbox rows not published", slog.Int("rows", len(failed)), slog.String("error", reason))
+		r.logger.WarnContext(ctx, "outbox rows not published", slog.Int("rows", len(failed)), slog.String("error", reason))
+		tracing.Fail(span, errors.New(reason))
 		if publishErr != nil || ch.IsClosed() {
 			return len(rows), fmt.Errorf("publish: %s", reason)
 		}
