@@ -21,7 +21,11 @@ import (
 // /debug/pprof/.
 func newHTTPHandler(pool *pgxpool.Pool, consumer *inbox.Consumer, relay *outbox.Relay, registry *prometheus.Registry, withPprof bool) http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{
+		// OpenMetrics, when the scraper asks for it, carries the exemplars
+		// (trace ids) of inbox_end_to_end_seconds.
+		EnableOpenMetrics: true,
+	}))
 	if withPprof {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
 		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)

@@ -75,7 +75,15 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger, tp *tracing.Pr
 	// Scrapes read the database through the relay's pool: it is small, busy
 	// only in bursts, and not on the path of ingest or the workers.
 	build, process := buildName(), inbox.DefaultProcessName()
-	m := metrics.New(relayPool, logger, 2*time.Second, build)
+	// Only the process holding the gauge lock exports the gauges read from
+	// the database, so that they add up across replicas.
+	lockConfig := cfg.dbConfig.ConnConfig.Copy()
+	lockConfig.RuntimeParams["application_name"] += " metrics"
+	gaugeLock := metrics.NewGaugeLock(lockConfig, logger, 0)
+	m := metrics.New(relayPool, logger, 2*time.Second, build, metrics.Options{
+		Pools:     map[string]*pgxpool.Pool{"ingest": ingestPool, "worker": workerPool, "relay": relayPool},
+		GaugeLock: gaugeLock,
+	})
 
 	worker, err := inbox.NewWorker(workerPool, &inbox.WorkerConfig{
 		Handler:        wrapHandler(orders.NewHandler(logger)),
@@ -167,6 +175,7 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger, tp *tracing.Pr
 	listenCtx, stopListener := context.WithCancel(ctx)
 	defer stopListener()
 	bg.Go(func() { listener.Run(listenCtx) })
+	bg.Go(func() { gaugeLock.Run(listenCtx) })
 	bg.Go(func() {
 		if err := httpServer.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			logger.Error("HTTP server failed", slog.String("error", err.Error()))
