@@ -79,8 +79,8 @@ func New(pool *pgxpool.Pool, logger *slog.Logger, timeout time.Duration, build s
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		}),
 		endToEnd: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "inbox_end_to_end_seconds",
-			Help: "Time from a message's arrival in the inbox to its processed commit; exemplars name the trace_id of sampled messages (OpenMetrics).",
+			Name:    "inbox_end_to_end_seconds",
+			Help:    "Time from a message's arrival in the inbox to its processed commit; exemplars name the trace_id of sampled messages (OpenMetrics).",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 18),
 		}),
 		published: prometheus.NewCounter(prometheus.CounterOpts{
