@@ -495,7 +495,7 @@ func (w *Worker) callHandler(ctx context.Context, tx pgx.Tx, msgs []Message) (ou
 	}
 	defer func() {
 		if r := recover(); r != nil {
-			w.logger.Error("handler panicked", slog.Any("panic", r), slog.String("stack", string(debug.Stack())))
+			w.logger.ErrorContext(ctx, "handler panicked", slog.Any("panic", r), slog.String("stack", string(debug.Stack())))
 			outcomes, err = nil, fmt.Errorf("handler panicked: %v", r)
 		}
 	}()
