@@ -4,11 +4,16 @@
 -- and returns the message ids it inserted. The ids it does not return were
 -- duplicates. The rows take their ids in the order of the arrays: ingest
 -- passes them in the order the broker delivered them, and the workers
--- handle each order's messages in id order.
-INSERT INTO inbox (message_id, message_type, routing_key, payload, order_key)
-SELECT m.message_id, m.message_type, m.routing_key, m.payload, nullif(m.order_key, '')
+-- handle each order's messages in id order. An empty traceparent or
+-- tracestate is stored as NULL (no trace context); when the arrays are left
+-- out, every row has none.
+INSERT INTO inbox (message_id, message_type, routing_key, payload, order_key, traceparent, tracestate)
+SELECT m.message_id, m.message_type, m.routing_key, m.payload, nullif(m.order_key, ''),
+       nullif(m.traceparent, ''), nullif(m.tracestate, '')
 FROM ROWS FROM (unnest(@message_ids::text[]), unnest(@message_types::text[]), unnest(@routing_keys::text[]),
-               unnest(@payloads::bytea[]), unnest(@order_keys::text[])) WITH ORDINALITY AS m (message_id, message_type, routing_key, payload, order_key, n)
+               unnest(@payloads::bytea[]), unnest(@order_keys::text[]),
+               unnest(@traceparents::text[]), unnest(@tracestates::text[]))
+     WITH ORDINALITY AS m (message_id, message_type, routing_key, payload, order_key, traceparent, tracestate, n)
 ORDER BY m.n
 ON CONFLICT (message_id) DO NOTHING
 RETURNING message_id;
@@ -99,7 +104,8 @@ SELECT id, claimed_at::timestamptz AS claimed_at FROM claimed;
 -- one for an instant. Locks are taken in id order, so two workers never
 -- deadlock.
 SELECT i.id, i.message_id, i.message_type, i.payload, i.attempts, i.received_at, i.replay_requested,
-       i.replay_count, i.claimed_at
+       i.replay_count, i.claimed_at,
+       coalesce(i.traceparent, '') AS traceparent, coalesce(i.tracestate, '') AS tracestate
 FROM inbox i
 JOIN (SELECT unnest(@ids::bigint[]) AS id, unnest(@claimed_ats::timestamptz[]) AS claimed_at) AS c
   ON c.id = i.id AND c.claimed_at = i.claimed_at

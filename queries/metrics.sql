@@ -7,3 +7,10 @@ SELECT
     coalesce((SELECT extract(epoch FROM now() - i.received_at)
               FROM inbox i WHERE i.status = 'pending' ORDER BY i.id LIMIT 1), 0)::float8 AS oldest_pending_seconds,
     (SELECT count(*) FROM outbox WHERE published_at IS NULL)::bigint AS outbox_backlog;
+
+-- name: MetricsTryGaugeLock :one
+-- MetricsTryGaugeLock tries to take, for the session, the advisory lock
+-- whose holder is the one process exporting the database gauges of the
+-- current schema. It returns whether the session took it. Each success
+-- takes the lock once more: call it only while not holding the lock.
+SELECT pg_try_advisory_lock(hashtextextended('inboxd metrics gauges ' || coalesce(current_schema(), ''), 0)) AS held;

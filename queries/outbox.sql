@@ -1,11 +1,16 @@
 -- name: OutboxInsertMany :exec
 -- OutboxInsertMany records effects to publish, skipping every one whose
 -- idempotency key is already in the outbox. The rows take their ids in the
--- order of the arrays, which is the order the relay publishes them in.
-INSERT INTO outbox (idempotency_key, routing_key, payload, message_id, order_key)
-SELECT e.idempotency_key, e.routing_key, e.payload::jsonb, e.message_id, nullif(e.order_key, '')
+-- order of the arrays, which is the order the relay publishes them in. An
+-- empty traceparent or tracestate is stored as NULL; when the arrays are left
+-- out, no row has one.
+INSERT INTO outbox (idempotency_key, routing_key, payload, message_id, order_key, traceparent, tracestate)
+SELECT e.idempotency_key, e.routing_key, e.payload::jsonb, e.message_id, nullif(e.order_key, ''),
+       nullif(e.traceparent, ''), nullif(e.tracestate, '')
 FROM ROWS FROM (unnest(@idempotency_keys::text[]), unnest(@routing_keys::text[]), unnest(@payloads::text[]),
-               unnest(@message_ids::text[]), unnest(@order_keys::text[])) WITH ORDINALITY AS e (idempotency_key, routing_key, payload, message_id, order_key, n)
+               unnest(@message_ids::text[]), unnest(@order_keys::text[]),
+               unnest(@traceparents::text[]), unnest(@tracestates::text[]))
+     WITH ORDINALITY AS e (idempotency_key, routing_key, payload, message_id, order_key, traceparent, tracestate, n)
 ORDER BY e.n
 ON CONFLICT (idempotency_key) DO NOTHING;
 
@@ -43,7 +48,8 @@ WHERE outbox.id = c.id
         AND e.published_at IS NULL
         AND e.id NOT IN (SELECT id FROM candidate)
   ))
-RETURNING outbox.id, outbox.idempotency_key, outbox.routing_key, outbox.payload::text AS payload, outbox.created_at, outbox.attempts;
+RETURNING outbox.id, outbox.idempotency_key, outbox.routing_key, outbox.payload::text AS payload, outbox.created_at, outbox.attempts,
+          coalesce(outbox.traceparent, '') AS traceparent, coalesce(outbox.tracestate, '') AS tracestate;
 
 -- name: OutboxReleaseExpired :execrows
 -- OutboxReleaseExpired ends the claims older than lease_seconds, those of

@@ -116,6 +116,25 @@ func (c *config) settings() []setting {
 	}
 }
 
+// otelSettings lists the OpenTelemetry variables inboxd documents. They
+// are not part of config: tracing.Setup and the OpenTelemetry SDK read them,
+// with the standard meaning. The README's tracing table is checked against
+// this list by a test.
+func otelSettings() []setting {
+	return []setting{
+		{name: "OTEL_EXPORTER_OTLP_ENDPOINT", def: "(none)", doc: "OTLP endpoint spans are exported to, e.g. http://jaeger:4318 (http/protobuf) or http://jaeger:4317 (grpc); unset (with OTEL_TRACES_EXPORTER unset) means no export"},
+		{name: "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", def: "(none)", doc: "the same, for traces only; for http/protobuf the full URL, .../v1/traces"},
+		{name: "OTEL_EXPORTER_OTLP_PROTOCOL", def: "http/protobuf", doc: "grpc or http/protobuf (OTEL_EXPORTER_OTLP_TRACES_PROTOCOL overrides it)"},
+		{name: "OTEL_TRACES_EXPORTER", def: "otlp", doc: "otlp or none; none turns export off"},
+		{name: "OTEL_SDK_DISABLED", def: "false", doc: "true turns export off"},
+		{name: "OTEL_SERVICE_NAME", def: "inboxd", doc: "service.name of the exported spans (OTEL_RESOURCE_ATTRIBUTES adds attributes)"},
+		{name: "OTEL_TRACES_SAMPLER", def: "parentbased_always_on", doc: "sampler, e.g. parentbased_traceidratio with OTEL_TRACES_SAMPLER_ARG=0.1"},
+		{name: "OTEL_EXPORTER_OTLP_HEADERS", def: "(none)", doc: "headers sent with each export, key=value,..."},
+		{name: "OTEL_BSP_SCHEDULE_DELAY", def: "5000", doc: "milliseconds between two exports of buffered spans"},
+		{name: "OTEL_SPAN_LINK_COUNT_LIMIT", def: "128", doc: "most links a span keeps (a batch span links to each of its messages)"},
+	}
+}
+
 // loadConfig reads the configuration of command (serve or migrate) through
 // getenv. The error names the first bad setting and never holds a secret
 // value.

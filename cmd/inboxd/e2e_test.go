@@ -359,6 +359,9 @@ func TestMain_ConfigurationErrors(t *testing.T) {
 		"BadDeriveMessageIDs":         {map[string]string{"INBOX_DERIVE_MISSING_MESSAGE_ID": "yes please"}, "INBOX_DERIVE_MISSING_MESSAGE_ID is invalid"},
 		"RetentionBelowDedupe":        {map[string]string{"INBOX_RETENTION": "24h"}, "INBOX_RETENTION is invalid: 24h0m0s is shorter than INBOX_DEDUPE_WINDOW (84h0m0s)"},
 		"DeadRetentionBelowRetention": {map[string]string{"INBOX_DEAD_RETENTION": "100h"}, "INBOX_DEAD_RETENTION is invalid"},
+		"BadOTLPProtocol":             {map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}, `OTEL_EXPORTER_OTLP_PROTOCOL is invalid: "http/json"`},
+		"BadSDKDisabled":              {map[string]string{"OTEL_SDK_DISABLED": "sometimes"}, "OTEL_SDK_DISABLED is invalid"},
+		"BadTracesExporter":           {map[string]string{"OTEL_TRACES_EXPORTER": "zipkin"}, "OTEL_TRACES_EXPORTER is invalid"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -391,7 +394,7 @@ func TestMain_Help(t *testing.T) {
 	t.Parallel()
 	var out strings.Builder
 	require.NoError(t, run(t.Context(), []string{"help"}, func(string) string { return "" }, &out, &out))
-	for _, s := range (&config{}).settings() {
+	for _, s := range append((&config{}).settings(), otelSettings()...) {
 		require.Contains(t, out.String(), s.name)
 	}
 	require.ErrorIs(t, run(t.Context(), []string{"frobnicate"}, func(string) string { return "" }, &out, &out), errUsage)
@@ -408,5 +411,12 @@ func TestReadmeDocumentsEverySetting(t *testing.T) {
 			def = "`" + s.def + "`"
 		}
 		require.Contains(t, string(readme), "| `"+s.name+"` | "+def+" |", "README configuration table row for %s", s.name)
+	}
+	for _, s := range otelSettings() {
+		def := s.def
+		if def != "(none)" {
+			def = "`" + def + "`"
+		}
+		require.Contains(t, string(readme), "| `"+s.name+"` | "+def+" |", "README tracing table row for %s", s.name)
 	}
 }

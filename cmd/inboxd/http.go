@@ -26,7 +26,11 @@ func newHTTPHandler(pool *pgxpool.Pool, consumer *inbox.Consumer, relay *outbox.
 		// The page answers only GET (and HEAD) itself.
 		mux.Handle("/", statusPage)
 	}
-	mux.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{}))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{
+		// OpenMetrics, when the scraper asks for it, carries the exemplars
+		// (trace ids) of inbox_end_to_end_seconds.
+		EnableOpenMetrics: true,
+	}))
 	if withPprof {
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
 		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)

@@ -23,6 +23,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/orderconfirm/inboxd/internal/inbox"
+	"github.com/orderconfirm/inboxd/internal/tracing"
 )
 
 func main() {
@@ -74,7 +75,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		fmt.Fprintf(stdout, "redelivered %d events from %s; %d wait there still (no binding takes them yet)\n", moved, inbox.QueueUnroutable, left)
 		return nil
 	}
-	return serve(ctx, cfg, logger)
+	tp, err := tracing.Setup(ctx, getenv, logger, buildName(), inbox.DefaultProcessName())
+	if err != nil {
+		return fmt.Errorf("configuration: %w", err)
+	}
+	return serve(ctx, cfg, logger, tp)
 }
 
 func newLogger(cfg *config, w io.Writer) *slog.Logger {
@@ -91,7 +96,9 @@ func newLogger(cfg *config, w io.Writer) *slog.Logger {
 	if cfg.logFormat == "text" {
 		h = slog.NewTextHandler(w, opts)
 	}
-	return slog.New(h).With(slog.Int("pid", os.Getpid()))
+	// Records logged with a context holding a span carry its trace_id and
+	// span_id.
+	return slog.New(tracing.LogHandler(h)).With(slog.Int("pid", os.Getpid()))
 }
 
 func printHelp(w io.Writer) {
@@ -124,6 +131,15 @@ Environment:
 			def = "(required)"
 		}
 		fmt.Fprintf(tw, "  %s\t%s\t%s\n", s.name, def, s.doc)
+	}
+	_ = tw.Flush()
+	fmt.Fprint(w, `
+OpenTelemetry tracing (standard variables; the OpenTelemetry SDK reads them,
+and the other OTEL_* variables it knows, see its documentation):
+`)
+	tw = tabwriter.NewWriter(w, 2, 8, 2, ' ', 0)
+	for _, s := range otelSettings() {
+		fmt.Fprintf(tw, "  %s\t%s\t%s\n", s.name, s.def, s.doc)
 	}
 	_ = tw.Flush()
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/orderconfirm/inboxd/internal/orders"
 	"github.com/orderconfirm/inboxd/internal/outbox"
 	"github.com/orderconfirm/inboxd/internal/statuspage"
+	"github.com/orderconfirm/inboxd/internal/tracing"
 )
 
 // wrapHandler wraps the order handler; the crashtest build of the tests
@@ -37,9 +38,17 @@ func migrateUp(ctx context.Context, cfg *config, logger *slog.Logger) error {
 
 // serve runs the service (ingest, workers, the outbox relay, the listener
 // that wakes them, the HTTP endpoint) until ctx ends, then stops it within
-// cfg.shutdownTimeout.
-func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
+// cfg.shutdownTimeout. Its spans go to tp, which serve shuts down (flushing
+// the spans still buffered) before it returns.
+func serve(ctx context.Context, cfg *config, logger *slog.Logger, tp *tracing.Provider) error {
 	servingSince := time.Now()
+	defer func() {
+		flushCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := tp.Shutdown(flushCtx); err != nil {
+			logger.Warn("flush spans", slog.String("error", err.Error()))
+		}
+	}()
 	if cfg.migrate {
 		if err := migrateUp(ctx, cfg, logger); err != nil {
 			return err
@@ -78,7 +87,15 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
 	// Scrapes read the database through the relay's pool: it is small, busy
 	// only in bursts, and not on the path of ingest or the workers.
 	build, process := buildName(), inbox.DefaultProcessName()
-	m := metrics.New(relayPool, logger, 2*time.Second, build)
+	// Only the process holding the gauge lock exports the gauges read from
+	// the database, so that they add up across replicas.
+	lockConfig := cfg.dbConfig.ConnConfig.Copy()
+	lockConfig.RuntimeParams["application_name"] += " metrics"
+	gaugeLock := metrics.NewGaugeLock(lockConfig, logger, 0)
+	m := metrics.New(relayPool, logger, 2*time.Second, build, metrics.Options{
+		Pools:     map[string]*pgxpool.Pool{"ingest": ingestPool, "worker": workerPool, "relay": relayPool},
+		GaugeLock: gaugeLock,
+	})
 
 	worker, err := inbox.NewWorker(workerPool, &inbox.WorkerConfig{
 		Handler:        wrapHandler(orders.NewHandler(logger)),
@@ -94,6 +111,7 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
 		Process:        process,
 		Build:          build,
 		Observe:        m.ObserveBatch,
+		Tracer:         tp.Tracer,
 	})
 	if err != nil {
 		return err
@@ -113,6 +131,7 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
 		OnStored:               worker.Notify,
 		OrderingKey:            orders.OrderingKey,
 		Observe:                m.ObserveIngest,
+		Tracer:                 tp.Tracer,
 	})
 	if err != nil {
 		return err
@@ -129,6 +148,7 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
 		RetryMax:       cfg.retryMax,
 		Heartbeat:      cfg.amqpHeartbeat,
 		OnPublished:    m.ObservePublished,
+		Tracer:         tp.Tracer,
 	})
 	if err != nil {
 		return err
@@ -195,6 +215,7 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
 	listenCtx, stopListener := context.WithCancel(ctx)
 	defer stopListener()
 	bg.Go(func() { listener.Run(listenCtx) })
+	bg.Go(func() { gaugeLock.Run(listenCtx) })
 	bg.Go(func() {
 		if err := httpServer.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			logger.Error("HTTP server failed", slog.String("error", err.Error()))
@@ -216,7 +237,8 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger) error {
 	}
 	logger.Info("inboxd serving", slog.String("http_addr", ln.Addr().String()),
 		slog.String("build", build), slog.String("process", process),
-		slog.Int("workers", cfg.workers))
+		slog.Int("workers", cfg.workers),
+		slog.Bool("exporting_spans", tp.Exporting), slog.String("otlp_protocol", tp.Protocol))
 
 	<-ctx.Done()
 	started := time.Now()

@@ -220,10 +220,13 @@ func (q *Queries) InboxCompleteMany(ctx context.Context, db DBTX, arg InboxCompl
 }
 
 const inboxInsertMany = `-- name: InboxInsertMany :many
-INSERT INTO inbox (message_id, message_type, routing_key, payload, order_key)
-SELECT m.message_id, m.message_type, m.routing_key, m.payload, nullif(m.order_key, '')
+INSERT INTO inbox (message_id, message_type, routing_key, payload, order_key, traceparent, tracestate)
+SELECT m.message_id, m.message_type, m.routing_key, m.payload, nullif(m.order_key, ''),
+       nullif(m.traceparent, ''), nullif(m.tracestate, '')
 FROM ROWS FROM (unnest($1::text[]), unnest($2::text[]), unnest($3::text[]),
-               unnest($4::bytea[]), unnest($5::text[])) WITH ORDINALITY AS m (message_id, message_type, routing_key, payload, order_key, n)
+               unnest($4::bytea[]), unnest($5::text[]),
+               unnest($6::text[]), unnest($7::text[]))
+     WITH ORDINALITY AS m (message_id, message_type, routing_key, payload, order_key, traceparent, tracestate, n)
 ORDER BY m.n
 ON CONFLICT (message_id) DO NOTHING
 RETURNING message_id
@@ -235,6 +238,8 @@ type InboxInsertManyParams struct {
 	RoutingKeys  []string
 	Payloads     [][]byte
 	OrderKeys    []string
+	Traceparents []string
+	Tracestates  []string
 }
 
 // InboxInsertMany stores a batch of messages in arrival order, skipping every
@@ -242,7 +247,9 @@ type InboxInsertManyParams struct {
 // and returns the message ids it inserted. The ids it does not return were
 // duplicates. The rows take their ids in the order of the arrays: ingest
 // passes them in the order the broker delivered them, and the workers
-// handle each order's messages in id order.
+// handle each order's messages in id order. An empty traceparent or
+// tracestate is stored as NULL (no trace context); when the arrays are left
+// out, every row has none.
 func (q *Queries) InboxInsertMany(ctx context.Context, db DBTX, arg InboxInsertManyParams) ([]string, error) {
 	rows, err := db.Query(ctx, inboxInsertMany,
 		arg.MessageIds,
@@ -250,6 +257,8 @@ func (q *Queries) InboxInsertMany(ctx context.Context, db DBTX, arg InboxInsertM
 		arg.RoutingKeys,
 		arg.Payloads,
 		arg.OrderKeys,
+		arg.Traceparents,
+		arg.Tracestates,
 	)
 	if err != nil {
 		return nil, err
@@ -271,7 +280,8 @@ func (q *Queries) InboxInsertMany(ctx context.Context, db DBTX, arg InboxInsertM
 
 const inboxLockClaimed = `-- name: InboxLockClaimed :many
 SELECT i.id, i.message_id, i.message_type, i.payload, i.attempts, i.received_at, i.replay_requested,
-       i.replay_count, i.claimed_at
+       i.replay_count, i.claimed_at,
+       coalesce(i.traceparent, '') AS traceparent, coalesce(i.tracestate, '') AS tracestate
 FROM inbox i
 JOIN (SELECT unnest($1::bigint[]) AS id, unnest($2::timestamptz[]) AS claimed_at) AS c
   ON c.id = i.id AND c.claimed_at = i.claimed_at
@@ -295,6 +305,8 @@ type InboxLockClaimedRow struct {
 	ReplayRequested bool
 	ReplayCount     int32
 	ClaimedAt       *time.Time
+	Traceparent     string
+	Tracestate      string
 }
 
 // InboxLockClaimed locks claimed messages for the rest of the calling
@@ -324,6 +336,8 @@ func (q *Queries) InboxLockClaimed(ctx context.Context, db DBTX, arg InboxLockCl
 			&i.ReplayRequested,
 			&i.ReplayCount,
 			&i.ClaimedAt,
+			&i.Traceparent,
+			&i.Tracestate,
 		); err != nil {
 			return nil, err
 		}

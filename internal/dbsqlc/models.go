@@ -32,6 +32,8 @@ type Inbox struct {
 	ReplayReason    pgtype.Text
 	ClaimedBy       pgtype.Text
 	ClaimedBuild    pgtype.Text
+	Traceparent     pgtype.Text
+	Tracestate      pgtype.Text
 }
 
 type InboxAttempt struct {
@@ -153,6 +155,8 @@ type Outbox struct {
 	NextAttemptAt  time.Time
 	LastError      pgtype.Text
 	OrderKey       pgtype.Text
+	Traceparent    pgtype.Text
+	Tracestate     pgtype.Text
 }
 
 type OutboxBacklog struct {

@@ -33,7 +33,8 @@ WHERE outbox.id = c.id
         AND e.published_at IS NULL
         AND e.id NOT IN (SELECT id FROM candidate)
   ))
-RETURNING outbox.id, outbox.idempotency_key, outbox.routing_key, outbox.payload::text AS payload, outbox.created_at, outbox.attempts
+RETURNING outbox.id, outbox.idempotency_key, outbox.routing_key, outbox.payload::text AS payload, outbox.created_at, outbox.attempts,
+          coalesce(outbox.traceparent, '') AS traceparent, coalesce(outbox.tracestate, '') AS tracestate
 `
 
 type OutboxClaimBatchRow struct {
@@ -43,6 +44,8 @@ type OutboxClaimBatchRow struct {
 	Payload        string
 	CreatedAt      time.Time
 	Attempts       int32
+	Traceparent    string
+	Tracestate     string
 }
 
 // OutboxClaimBatch claims up to max_rows unpublished, unclaimed rows that are
@@ -72,6 +75,8 @@ func (q *Queries) OutboxClaimBatch(ctx context.Context, db DBTX, maxRows int32) 
 			&i.Payload,
 			&i.CreatedAt,
 			&i.Attempts,
+			&i.Traceparent,
+			&i.Tracestate,
 		); err != nil {
 			return nil, err
 		}
@@ -84,10 +89,13 @@ func (q *Queries) OutboxClaimBatch(ctx context.Context, db DBTX, maxRows int32) 
 }
 
 const outboxInsertMany = `-- name: OutboxInsertMany :exec
-INSERT INTO outbox (idempotency_key, routing_key, payload, message_id, order_key)
-SELECT e.idempotency_key, e.routing_key, e.payload::jsonb, e.message_id, nullif(e.order_key, '')
+INSERT INTO outbox (idempotency_key, routing_key, payload, message_id, order_key, traceparent, tracestate)
+SELECT e.idempotency_key, e.routing_key, e.payload::jsonb, e.message_id, nullif(e.order_key, ''),
+       nullif(e.traceparent, ''), nullif(e.tracestate, '')
 FROM ROWS FROM (unnest($1::text[]), unnest($2::text[]), unnest($3::text[]),
-               unnest($4::text[]), unnest($5::text[])) WITH ORDINALITY AS e (idempotency_key, routing_key, payload, message_id, order_key, n)
+               unnest($4::text[]), unnest($5::text[]),
+               unnest($6::text[]), unnest($7::text[]))
+     WITH ORDINALITY AS e (idempotency_key, routing_key, payload, message_id, order_key, traceparent, tracestate, n)
 ORDER BY e.n
 ON CONFLICT (idempotency_key) DO NOTHING
 `
@@ -98,11 +106,15 @@ type OutboxInsertManyParams struct {
 	Payloads        []string
 	MessageIds      []string
 	OrderKeys       []string
+	Traceparents    []string
+	Tracestates     []string
 }
 
 // OutboxInsertMany records effects to publish, skipping every one whose
 // idempotency key is already in the outbox. The rows take their ids in the
-// order of the arrays, which is the order the relay publishes them in.
+// order of the arrays, which is the order the relay publishes them in. An
+// empty traceparent or tracestate is stored as NULL; when the arrays are left
+// out, no row has one.
 func (q *Queries) OutboxInsertMany(ctx context.Context, db DBTX, arg OutboxInsertManyParams) error {
 	_, err := db.Exec(ctx, outboxInsertMany,
 		arg.IdempotencyKeys,
@@ -110,6 +122,8 @@ func (q *Queries) OutboxInsertMany(ctx context.Context, db DBTX, arg OutboxInser
 		arg.Payloads,
 		arg.MessageIds,
 		arg.OrderKeys,
+		arg.Traceparents,
+		arg.Tracestates,
 	)
 	return err
 }

@@ -20,6 +20,7 @@ import (
 	"github.com/orderconfirm/inboxd/internal/dbsqlc"
 	"github.com/orderconfirm/inboxd/internal/retry"
 	"github.com/orderconfirm/inboxd/internal/startstop"
+	"github.com/orderconfirm/inboxd/internal/tracing"
 )
 
 // MaxMessageIDBytes is the longest message_id (and type) ingest stores.
@@ -70,6 +71,10 @@ type ConsumerConfig struct {
 	// Observe, when set, is told about every batch ingest acknowledged. It
 	// must not block.
 	Observe func(IngestStats)
+	// Tracer starts the receive span of each batch. Defaults to
+	// tracing.PropagateOnly(). Whatever it is, the trace context of each
+	// delivery is stored with its inbox row.
+	Tracer *tracing.Tracer
 }
 
 // IngestStats describes one acknowledged ingest batch.
@@ -96,6 +101,7 @@ func (c *ConsumerConfig) withDefaults() (*ConsumerConfig, error) {
 	out.MaxMessageBytes = cmp.Or(out.MaxMessageBytes, 1<<20)
 	out.Heartbeat = cmp.Or(out.Heartbeat, 10*time.Second)
 	out.StoreTimeout = cmp.Or(out.StoreTimeout, 10*time.Second)
+	out.Tracer = cmp.Or(out.Tracer, tracing.PropagateOnly())
 	switch {
 	case out.URL == "":
 		return nil, errors.New("consumer: URL is required")
@@ -341,6 +347,9 @@ type row struct {
 	messageID, messageType, routingKey, orderKey string
 	payload                                      []byte
 	delivery                                     int // index in batch.deliveries
+	// trace is the delivery's W3C trace context (zero when it had none, or
+	// a malformed one).
+	trace tracing.Text
 }
 
 // rejection is a delivery that cannot be stored, with the reason.
@@ -360,6 +369,7 @@ func (b *batch) flush(ctx context.Context) error {
 	c := b.consumer
 	rows := make([]row, 0, len(b.deliveries))
 	var rejects []rejection
+	var origins []tracing.Text
 	for i, d := range b.deliveries {
 		r, reason := c.classify(d)
 		if reason != "" {
@@ -368,10 +378,16 @@ func (b *batch) flush(ctx context.Context) error {
 		}
 		r.delivery = i
 		rows = append(rows, r)
+		if !r.trace.IsZero() {
+			origins = append(origins, r.trace)
+		}
 	}
+	ctx, span := c.cfg.Tracer.StartReceive(ctx, QueueInbox, len(b.deliveries), origins)
+	defer span.End()
 
 	res, err := c.storeUntilDone(ctx, b, rows)
 	if err != nil {
+		tracing.Fail(span, err)
 		return err
 	}
 	inserted, dbRejects := res.inserted, res.rejects
@@ -387,7 +403,7 @@ func (b *batch) flush(ctx context.Context) error {
 	if err := last.Ack(true); err != nil {
 		return fmt.Errorf("ack batch: %w", err)
 	}
-	c.logger.Debug("batch stored",
+	c.logger.DebugContext(ctx, "batch stored",
 		slog.Int("deliveries", len(b.deliveries)),
 		slog.Int("inserted", inserted),
 		slog.Int("duplicates", len(rows)-len(dbRejects)-inserted),
@@ -439,6 +455,7 @@ func (c *Consumer) classify(d amqp.Delivery) (row, string) {
 		messageType: msgType,
 		routingKey:  strings.ToValidUTF8(strings.ReplaceAll(d.RoutingKey, "\x00", ""), "?"),
 		payload:     d.Body,
+		trace:       tracing.FromHeaders(d.Headers),
 	}
 	if c.cfg.OrderingKey != nil {
 		if key := c.cfg.OrderingKey(msgType, d.Body); validText(key) {
@@ -483,7 +500,7 @@ func (c *Consumer) storeUntilDone(ctx context.Context, b *batch, rows []row) (st
 			return stored{}, fmt.Errorf("store batch: %w", err)
 		}
 		delay := retry.Backoff(attempt, 100*time.Millisecond, 5*time.Second)
-		c.logger.Error("store batch failed, holding deliveries and retrying",
+		c.logger.ErrorContext(ctx, "store batch failed, holding deliveries and retrying",
 			slog.Int("rows", len(rows)), slog.String("error", err.Error()), slog.Duration("retry_in", delay))
 		if !retry.Sleep(ctx, delay) {
 			return stored{}, fmt.Errorf("store batch: %w", err)
@@ -507,13 +524,13 @@ func (c *Consumer) store(ctx context.Context, rows []row) (stored, error) {
 	if !isDataError(err) {
 		return stored{}, err
 	}
-	c.logger.Warn("database refused a batch, storing its rows one by one", slog.String("error", err.Error()))
+	c.logger.WarnContext(ctx, "database refused a batch, storing its rows one by one", slog.String("error", err.Error()))
 	res = stored{}
 	for i := range rows {
 		one, err := c.insert(ctx, rows[i:i+1])
 		switch {
 		case isDataError(err):
-			c.logger.Warn("database refused a message", slog.String("message_id", rows[i].messageID), slog.String("error", err.Error()))
+			c.logger.WarnContext(rows[i].trace.Context(ctx), "database refused a message", slog.String("message_id", rows[i].messageID), slog.String("error", err.Error()))
 			res.rejects = append(res.rejects, i)
 		case err != nil:
 			return stored{}, err
@@ -536,10 +553,13 @@ func (c *Consumer) insert(ctx context.Context, rows []row) (stored, error) {
 		RoutingKeys:  make([]string, len(rows)),
 		Payloads:     make([][]byte, len(rows)),
 		OrderKeys:    make([]string, len(rows)),
+		Traceparents: make([]string, len(rows)),
+		Tracestates:  make([]string, len(rows)),
 	}
 	for i, r := range rows {
 		p.MessageIds[i], p.MessageTypes[i], p.RoutingKeys[i], p.Payloads[i] = r.messageID, r.messageType, r.routingKey, r.payload
 		p.OrderKeys[i] = r.orderKey
+		p.Traceparents[i], p.Tracestates[i] = r.trace.Traceparent, r.trace.Tracestate
 	}
 	ids, err := c.queries.InboxInsertMany(ctx, c.pool, p)
 	if err != nil {
@@ -580,7 +600,7 @@ func (c *Consumer) insert(ctx context.Context, rows []row) (stored, error) {
 	}
 	for _, cf := range conflicts {
 		res.conflicts += int(cf.Deliveries)
-		c.logger.Warn("message id arrived again with a different payload: the stored payload is kept, the delivery recorded in inbox_conflicts",
+		c.logger.WarnContext(ctx, "message id arrived again with a different payload: the stored payload is kept, the delivery recorded in inbox_conflicts",
 			slog.String("message_id", cf.MessageID),
 			slog.String("stored_sha256", cf.StoredSha256),
 			slog.String("conflicting_sha256", cf.ConflictingSha256),
@@ -630,7 +650,7 @@ func (c *Consumer) deadLetter(ctx context.Context, dlch *amqp.Channel, returns <
 			return err
 		}
 		confirms = append(confirms, dc)
-		c.logger.Warn("delivery dead-lettered",
+		c.logger.WarnContext(tracing.FromHeaders(d.Headers).Context(ctx), "delivery dead-lettered",
 			slog.String("message_id", d.MessageId), slog.String("routing_key", d.RoutingKey),
 			slog.Int("bytes", len(d.Body)), slog.String("reason", r.reason))
 	}

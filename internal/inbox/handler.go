@@ -7,6 +7,9 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/orderconfirm/inboxd/internal/tracing"
 )
 
 // Message is one claimed inbox row, handed to a Handler.
@@ -26,6 +29,31 @@ type Message struct {
 	ReceivedAt time.Time
 	// Replay is true when an operator asked for the message to be handled again.
 	Replay bool
+
+	// span is the process span of this handling attempt; nil in a Message
+	// not made by a Worker.
+	span trace.Span
+}
+
+// Context returns ctx carrying the message's process span: logs written
+// with it carry the message's trace_id and span_id. A Message not made by a
+// Worker has no span: ctx is returned as it is.
+func (m Message) Context(ctx context.Context) context.Context {
+	if m.span == nil {
+		return ctx
+	}
+	return trace.ContextWithSpan(ctx, m.span)
+}
+
+// TraceContext returns the W3C trace context of the message's process span.
+// A handler stores it with the effects it writes (outbox rows), so the
+// events they cause continue the message's trace, under a span the service
+// exported. It is zero for a Message not made by a Worker.
+func (m Message) TraceContext() tracing.Text {
+	if m.span == nil {
+		return tracing.Text{}
+	}
+	return tracing.FromSpanContext(m.span.SpanContext())
 }
 
 // Outcome is what handling one message came to.

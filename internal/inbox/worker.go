@@ -14,10 +14,12 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/orderconfirm/inboxd/internal/dbsqlc"
 	"github.com/orderconfirm/inboxd/internal/retry"
 	"github.com/orderconfirm/inboxd/internal/startstop"
+	"github.com/orderconfirm/inboxd/internal/tracing"
 )
 
 // Statuses of an inbox row.
@@ -65,6 +67,9 @@ type WorkerConfig struct {
 	// Build names the build of the handler in inbox.claimed_build and the
 	// attempt history. Defaults to "unknown".
 	Build string
+	// Tracer starts the process span of each handling attempt. Defaults to
+	// tracing.PropagateOnly().
+	Tracer *tracing.Tracer
 }
 
 // DefaultProcessName returns "host/pid", the name a process gives itself in
@@ -90,6 +95,7 @@ func (c *WorkerConfig) withDefaults() (*WorkerConfig, error) {
 	out.ClaimLease = cmp.Or(out.ClaimLease, 5*time.Second)
 	out.Process = cmp.Or(out.Process, DefaultProcessName())
 	out.Build = cmp.Or(out.Build, "unknown")
+	out.Tracer = cmp.Or(out.Tracer, tracing.PropagateOnly())
 	switch {
 	case out.Handler == nil:
 		return nil, errors.New("worker: Handler is required")
@@ -115,6 +121,9 @@ type BatchStats struct {
 	// Latencies holds, for each processed message, the time from its
 	// arrival in the inbox to the commit.
 	Latencies []time.Duration
+	// TraceIDs holds, for each of Latencies, the trace id of the message's
+	// process span when that trace is sampled (exported), else "".
+	TraceIDs []string
 }
 
 // Worker claims pending inbox rows in batches with FOR UPDATE SKIP LOCKED,
@@ -317,6 +326,13 @@ func (w *Worker) work(ctx context.Context, c claims) error {
 		return fmt.Errorf("lock claimed messages: %w", err)
 	}
 	var msgs, givenUp []Message
+	// Every message's process span ends once its outcome is known: after
+	// the commit, or with the error that abandoned the batch.
+	spans := make([]trace.Span, 0, len(rows))
+	var outcomes []Outcome
+	var statuses []string
+	var workErr error
+	defer func() { endProcessSpans(spans, msgs, outcomes, statuses, workErr) }()
 	for _, r := range rows {
 		m := Message{
 			ID:         r.ID,
@@ -327,6 +343,11 @@ func (w *Worker) work(ctx context.Context, c claims) error {
 			ReceivedAt: r.ReceivedAt,
 			Replay:     r.ReplayRequested,
 		}
+		_, m.span = w.cfg.Tracer.StartProcess(ctx, QueueInbox, tracing.Message{
+			ID: m.MessageID, Type: m.Type, Attempt: m.Attempt, Replay: m.Replay,
+			Origin: tracing.Text{Traceparent: r.Traceparent, Tracestate: r.Tracestate},
+		})
+		spans = append(spans, m.span)
 		if m.Attempt > w.cfg.MaxAttempts {
 			givenUp = append(givenUp, m)
 		} else {
@@ -334,10 +355,10 @@ func (w *Worker) work(ctx context.Context, c claims) error {
 		}
 	}
 
-	var outcomes []Outcome
 	handleStarted := time.Now()
 	if len(msgs) > 0 {
 		if outcomes, err = w.handle(ctx, tx, msgs); err != nil {
+			workErr = err
 			return err
 		}
 	}
@@ -351,8 +372,8 @@ func (w *Worker) work(ctx context.Context, c claims) error {
 	if len(msgs) == 0 {
 		return nil
 	}
-	statuses, err := w.complete(ctx, tx, msgs, outcomes)
-	if err != nil {
+	if statuses, err = w.complete(ctx, tx, msgs, outcomes); err != nil {
+		workErr = err
 		return err
 	}
 	// Commit even when ctx was cancelled during a graceful stop: the work is done.
@@ -360,12 +381,33 @@ func (w *Worker) work(ctx context.Context, c claims) error {
 		// The outcome of a failed COMMIT may be unknown. Nothing is redone
 		// here: if it did not commit, the rows are claimed again once their
 		// lease ends, and the domain's unique keys make a second run safe.
-		return fmt.Errorf("commit work batch: %w", err)
+		workErr = fmt.Errorf("commit work batch: %w", err)
+		return workErr
 	}
 	if w.cfg.Observe != nil {
 		w.cfg.Observe(batchStats(msgs, statuses, handlerDuration))
 	}
 	return nil
+}
+
+// endProcessSpans ends the process span of every claimed message: with its
+// recorded outcome (processed, retried or dead) once the batch committed,
+// else as abandoned with workErr. statuses and outcomes are parallel to msgs
+// when the batch committed.
+func endProcessSpans(spans []trace.Span, msgs []Message, outcomes []Outcome, statuses []string, workErr error) {
+	if workErr == nil && len(statuses) == len(msgs) {
+		for i, m := range msgs {
+			outcome := statuses[i]
+			if outcome == StatusPending {
+				outcome = "retried"
+			}
+			tracing.EndProcess(m.span, outcome, outcomes[i].Err)
+		}
+		return
+	}
+	for _, span := range spans {
+		tracing.EndProcess(span, "abandoned", cmp.Or(workErr, errors.New("not handled")))
+	}
 }
 
 func batchStats(msgs []Message, statuses []string, handlerDuration time.Duration) BatchStats {
@@ -376,6 +418,7 @@ func batchStats(msgs []Message, statuses []string, handlerDuration time.Duration
 		case StatusProcessed:
 			st.Processed++
 			st.Latencies = append(st.Latencies, now.Sub(m.ReceivedAt))
+			st.TraceIDs = append(st.TraceIDs, tracing.SampledTraceID(m.Context(context.Background())))
 		case StatusDead:
 			st.Dead++
 		default:
@@ -447,9 +490,12 @@ func (w *Worker) handleUnderSavepoint(ctx context.Context, tx pgx.Tx, msgs []Mes
 func (w *Worker) callHandler(ctx context.Context, tx pgx.Tx, msgs []Message) (outcomes []Outcome, err error) {
 	ctx, cancel := context.WithTimeout(ctx, w.cfg.HandlerTimeout)
 	defer cancel()
+	if len(msgs) == 1 {
+		ctx = msgs[0].Context(ctx) // a batch of one runs in its message's span
+	}
 	defer func() {
 		if r := recover(); r != nil {
-			w.logger.Error("handler panicked", slog.Any("panic", r), slog.String("stack", string(debug.Stack())))
+			w.logger.ErrorContext(ctx, "handler panicked", slog.Any("panic", r), slog.String("stack", string(debug.Stack())))
 			outcomes, err = nil, fmt.Errorf("handler panicked: %v", r)
 		}
 	}()
@@ -478,7 +524,7 @@ func (w *Worker) complete(ctx context.Context, tx pgx.Tx, msgs []Message, outcom
 		case errors.Is(out.Err, ErrPermanent), m.Attempt >= w.cfg.MaxAttempts:
 			p.Statuses[i] = StatusDead
 			p.LastErrors[i] = storable(out.Err.Error())
-			w.logger.Warn("message dead", slog.String("message_id", m.MessageID),
+			w.logger.WarnContext(m.Context(ctx), "message dead", slog.String("message_id", m.MessageID),
 				slog.String("message_type", m.Type), slog.Int("attempt", m.Attempt), slog.String("error", out.Err.Error()))
 		default:
 			delay := retry.Backoff(m.Attempt, w.cfg.RetryBase, w.cfg.RetryMax)
@@ -489,7 +535,7 @@ func (w *Worker) complete(ctx context.Context, tx pgx.Tx, msgs []Message, outcom
 			p.Statuses[i] = StatusPending
 			p.LastErrors[i] = storable(out.Err.Error())
 			p.RetryDelaysMs[i] = delay.Milliseconds()
-			w.logger.Info("message will be retried", slog.String("message_id", m.MessageID),
+			w.logger.InfoContext(m.Context(ctx), "message will be retried", slog.String("message_id", m.MessageID),
 				slog.Int("attempt", m.Attempt), slog.Duration("retry_in", delay), slog.String("error", out.Err.Error()))
 		}
 	}

@@ -1,6 +1,7 @@
 // Package metrics exposes the service's Prometheus metrics: counters fed by
-// ingest, the workers and the relay, and gauges read from the database on
-// every scrape.
+// ingest, the workers and the relay, the state of each connection pool, and
+// gauges read from the database on every scrape by the one process that
+// holds the GaugeLock.
 package metrics
 
 import (
@@ -34,10 +35,20 @@ type Metrics struct {
 	janitor      *prometheus.CounterVec
 }
 
+// Options are the optional parts of the metrics.
+type Options struct {
+	// Pools are the connection pools whose pgxpool statistics are exported,
+	// by the name in their pool label (e.g. ingest, worker, relay).
+	Pools map[string]*pgxpool.Pool
+	// GaugeLock, when set, decides whether this process exports the gauges
+	// read from the database; when nil, it always does.
+	GaugeLock *GaugeLock
+}
+
 // New returns the metrics, with gauges that read the database through pool
 // (each scrape bounded by timeout), Go's process and runtime collectors, and
 // the build of inboxd.
-func New(pool *pgxpool.Pool, logger *slog.Logger, timeout time.Duration, build string) *Metrics {
+func New(pool *pgxpool.Pool, logger *slog.Logger, timeout time.Duration, build string, opts Options) *Metrics {
 	m := &Metrics{
 		Registry: prometheus.NewRegistry(),
 		received: prometheus.NewCounter(prometheus.CounterOpts{
@@ -68,7 +79,8 @@ func New(pool *pgxpool.Pool, logger *slog.Logger, timeout time.Duration, build s
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		}),
 		endToEnd: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "inbox_end_to_end_seconds", Help: "Time from a message's arrival in the inbox to its processed commit.",
+			Name:    "inbox_end_to_end_seconds",
+			Help:    "Time from a message's arrival in the inbox to its processed commit; exemplars name the trace_id of sampled messages (OpenMetrics).",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 18),
 		}),
 		published: prometheus.NewCounter(prometheus.CounterOpts{
@@ -87,7 +99,8 @@ func New(pool *pgxpool.Pool, logger *slog.Logger, timeout time.Duration, build s
 	buildInfo.WithLabelValues(build).Set(1)
 	m.Registry.MustRegister(m.received, m.duplicates, m.conflicts, m.deadLettered, m.batchSize, m.outcomes, m.replays,
 		m.handler, m.endToEnd, m.published, m.janitor, buildInfo,
-		&gauges{pool: pool, logger: logger, timeout: timeout},
+		&gauges{pool: pool, logger: logger, timeout: timeout, lock: opts.GaugeLock},
+		&poolStats{pools: opts.Pools},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -108,7 +121,12 @@ func (m *Metrics) ObserveBatch(s inbox.BatchStats) {
 	m.outcomes.WithLabelValues("dead").Add(float64(s.Dead))
 	m.replays.Add(float64(s.Replays))
 	m.handler.Observe(s.HandlerDuration.Seconds())
-	for _, l := range s.Latencies {
+	exemplars := m.endToEnd.(prometheus.ExemplarObserver)
+	for i, l := range s.Latencies {
+		if i < len(s.TraceIDs) && s.TraceIDs[i] != "" {
+			exemplars.ObserveWithExemplar(l.Seconds(), prometheus.Labels{"trace_id": s.TraceIDs[i]})
+			continue
+		}
 		m.endToEnd.Observe(l.Seconds())
 	}
 }
@@ -121,11 +139,13 @@ func (m *Metrics) ObserveJanitor(rows string, n int, _ time.Duration) {
 // ObservePublished records published outbox rows.
 func (m *Metrics) ObservePublished(n int) { m.published.Add(float64(n)) }
 
-// gauges reads the database's state on every scrape.
+// gauges reads the database's state on every scrape, when this process
+// holds lock (or lock is nil).
 type gauges struct {
 	pool    *pgxpool.Pool
 	logger  *slog.Logger
 	timeout time.Duration
+	lock    *GaugeLock
 }
 
 var (
@@ -134,10 +154,12 @@ var (
 	oldestDesc  = prometheus.NewDesc("inbox_oldest_pending_age_seconds", "Age of the oldest pending message.", nil, nil)
 	backlogDesc = prometheus.NewDesc("outbox_backlog", "Outbox rows not yet published.", nil, nil)
 	upDesc      = prometheus.NewDesc("inbox_database_up", "Whether the last scrape could read the database.", nil, nil)
+	holderDesc  = prometheus.NewDesc("inbox_database_gauges_exporter",
+		"1 in the one process that exports the gauges read from the database (inbox_pending, inbox_dead, inbox_oldest_pending_age_seconds, outbox_backlog), 0 in the others.", nil, nil)
 )
 
 func (g *gauges) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{pendingDesc, deadDesc, oldestDesc, backlogDesc, upDesc} {
+	for _, d := range []*prometheus.Desc{pendingDesc, deadDesc, oldestDesc, backlogDesc, upDesc, holderDesc} {
 		ch <- d
 	}
 }
@@ -145,6 +167,16 @@ func (g *gauges) Describe(ch chan<- *prometheus.Desc) {
 func (g *gauges) Collect(ch chan<- prometheus.Metric) {
 	ctx, cancel := context.WithTimeout(context.Background(), g.timeout)
 	defer cancel()
+	if g.lock != nil && !g.lock.Held() {
+		ch <- prometheus.MustNewConstMetric(holderDesc, prometheus.GaugeValue, 0)
+		up := 1.0
+		if err := g.pool.Ping(ctx); err != nil {
+			up = 0
+		}
+		ch <- prometheus.MustNewConstMetric(upDesc, prometheus.GaugeValue, up)
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(holderDesc, prometheus.GaugeValue, 1)
 	row, err := dbsqlc.New().MetricsGauges(ctx, g.pool)
 	if err != nil {
 		g.logger.Warn("read metrics gauges", slog.String("error", err.Error()))
@@ -156,4 +188,40 @@ func (g *gauges) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(deadDesc, prometheus.GaugeValue, float64(row.Dead))
 	ch <- prometheus.MustNewConstMetric(oldestDesc, prometheus.GaugeValue, row.OldestPendingSeconds)
 	ch <- prometheus.MustNewConstMetric(backlogDesc, prometheus.GaugeValue, float64(row.OutboxBacklog))
+}
+
+// poolStats exports pgxpool's statistics of each pool, labelled by pool.
+type poolStats struct {
+	pools map[string]*pgxpool.Pool
+}
+
+var (
+	poolAcquiredDesc = prometheus.NewDesc("inboxd_pool_acquired_connections", "Connections of the pool in use.", []string{"pool"}, nil)
+	poolIdleDesc     = prometheus.NewDesc("inboxd_pool_idle_connections", "Idle connections of the pool.", []string{"pool"}, nil)
+	poolTotalDesc    = prometheus.NewDesc("inboxd_pool_total_connections", "Open connections of the pool (in use, idle or being opened).", []string{"pool"}, nil)
+	poolMaxDesc      = prometheus.NewDesc("inboxd_pool_max_connections", "Most connections the pool opens.", []string{"pool"}, nil)
+	poolAcquiresDesc = prometheus.NewDesc("inboxd_pool_acquires_total", "Connections acquired from the pool.", []string{"pool"}, nil)
+	poolEmptyDesc    = prometheus.NewDesc("inboxd_pool_empty_acquires_total", "Acquires that had to wait for a connection (none was idle).", []string{"pool"}, nil)
+	poolCanceledDesc = prometheus.NewDesc("inboxd_pool_canceled_acquires_total", "Acquires given up because their context ended.", []string{"pool"}, nil)
+	poolWaitDesc     = prometheus.NewDesc("inboxd_pool_acquire_wait_seconds_total", "Total time spent acquiring connections from the pool.", []string{"pool"}, nil)
+)
+
+func (p *poolStats) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{poolAcquiredDesc, poolIdleDesc, poolTotalDesc, poolMaxDesc, poolAcquiresDesc, poolEmptyDesc, poolCanceledDesc, poolWaitDesc} {
+		ch <- d
+	}
+}
+
+func (p *poolStats) Collect(ch chan<- prometheus.Metric) {
+	for name, pool := range p.pools {
+		s := pool.Stat()
+		ch <- prometheus.MustNewConstMetric(poolAcquiredDesc, prometheus.GaugeValue, float64(s.AcquiredConns()), name)
+		ch <- prometheus.MustNewConstMetric(poolIdleDesc, prometheus.GaugeValue, float64(s.IdleConns()), name)
+		ch <- prometheus.MustNewConstMetric(poolTotalDesc, prometheus.GaugeValue, float64(s.TotalConns()), name)
+		ch <- prometheus.MustNewConstMetric(poolMaxDesc, prometheus.GaugeValue, float64(s.MaxConns()), name)
+		ch <- prometheus.MustNewConstMetric(poolAcquiresDesc, prometheus.CounterValue, float64(s.AcquireCount()), name)
+		ch <- prometheus.MustNewConstMetric(poolEmptyDesc, prometheus.CounterValue, float64(s.EmptyAcquireCount()), name)
+		ch <- prometheus.MustNewConstMetric(poolCanceledDesc, prometheus.CounterValue, float64(s.CanceledAcquireCount()), name)
+		ch <- prometheus.MustNewConstMetric(poolWaitDesc, prometheus.CounterValue, s.AcquireDuration().Seconds(), name)
+	}
 }

@@ -8,6 +8,8 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/orderconfirm/inboxd/internal/dbsqlc"
+	"github.com/orderconfirm/inboxd/internal/inbox"
+	"github.com/orderconfirm/inboxd/internal/tracing"
 )
 
 // Effects published on order-confirmation.events, as routing keys.
@@ -47,8 +49,21 @@ func IdempotencyKey(messageID, routingKey string) string {
 }
 
 // outboxRows collects the effects of a batch, written with one statement.
+// Each row carries the trace context of the message that caused it (see
+// traceOf), which the relay sends on as the event's traceparent.
 type outboxRows struct {
 	p dbsqlc.OutboxInsertManyParams
+	// trace is the trace context of each message of the batch, by message id.
+	trace map[string]tracing.Text
+}
+
+// traceOf records the trace context of each message's handling, for the
+// rows its effects add.
+func (o *outboxRows) traceOf(msgs []inbox.Message) {
+	o.trace = make(map[string]tracing.Text, len(msgs))
+	for _, m := range msgs {
+		o.trace[m.MessageID] = m.TraceContext()
+	}
 }
 
 // add records the effect routingKey, with its body, of handling the inbox
@@ -64,6 +79,9 @@ func (o *outboxRows) add(messageID, orderID, routingKey string, body any) {
 	o.p.Payloads = append(o.p.Payloads, string(b))
 	o.p.MessageIds = append(o.p.MessageIds, messageID)
 	o.p.OrderKeys = append(o.p.OrderKeys, orderID)
+	t := o.trace[messageID]
+	o.p.Traceparents = append(o.p.Traceparents, t.Traceparent)
+	o.p.Tracestates = append(o.p.Tracestates, t.Tracestate)
 }
 
 func (o *outboxRows) insert(ctx context.Context, tx pgx.Tx, q *dbsqlc.Queries) error {

@@ -94,6 +94,7 @@ func (h *Handler) HandleBatch(ctx context.Context, tx pgx.Tx, msgs []inbox.Messa
 
 	var created []pendingCreate
 	var events outboxRows
+	events.traceOf(msgs)
 	flush := func() error {
 		if err := h.confirm(ctx, tx, created, outcomes, &events); err != nil {
 			return err

@@ -21,6 +21,7 @@ import (
 	"github.com/orderconfirm/inboxd/internal/inbox"
 	"github.com/orderconfirm/inboxd/internal/retry"
 	"github.com/orderconfirm/inboxd/internal/startstop"
+	"github.com/orderconfirm/inboxd/internal/tracing"
 )
 
 // RelayConfig configures a Relay.
@@ -56,6 +57,10 @@ type RelayConfig struct {
 	// OnPublished, when set, is told how many rows each batch published
 	// (confirmed and marked). It must not block.
 	OnPublished func(n int)
+	// Tracer starts the send span of each batch. Defaults to
+	// tracing.PropagateOnly(). Whatever it is, each event carries the trace
+	// context stored with its row as its traceparent and tracestate headers.
+	Tracer *tracing.Tracer
 }
 
 func (c *RelayConfig) withDefaults() (*RelayConfig, error) {
@@ -70,6 +75,7 @@ func (c *RelayConfig) withDefaults() (*RelayConfig, error) {
 	out.RetryBase = cmp.Or(out.RetryBase, time.Second)
 	out.RetryMax = cmp.Or(out.RetryMax, time.Minute)
 	out.Heartbeat = cmp.Or(out.Heartbeat, 10*time.Second)
+	out.Tracer = cmp.Or(out.Tracer, tracing.PropagateOnly())
 	switch {
 	case out.URL == "":
 		return nil, errors.New("relay: URL is required")
@@ -264,12 +270,20 @@ func (r *Relay) publishBatch(ctx, workCtx context.Context, ch *amqp.Channel, ret
 	// an order's events must leave in the order they were written.
 	slices.SortFunc(rows, func(a, b dbsqlc.OutboxClaimBatchRow) int { return cmp.Compare(a.ID, b.ID) })
 
+	traces := make([]tracing.Text, len(rows))
+	for i, row := range rows {
+		traces[i] = tracing.Text{Traceparent: row.Traceparent, Tracestate: row.Tracestate}
+	}
+	ctx, span := r.cfg.Tracer.StartPublish(ctx, inbox.ExchangeEvents, len(rows), traces)
+	defer span.End()
+
 	confirms := make([]*amqp.DeferredConfirmation, len(rows))
 	var publishErr error
 	for i, row := range rows {
 		// Mandatory: an event that neither a binding nor the alternate
 		// exchange's queue takes comes back, and its row stays unpublished.
 		confirms[i], publishErr = ch.PublishWithDeferredConfirmWithContext(ctx, inbox.ExchangeEvents, row.RoutingKey, true, false, amqp.Publishing{
+			Headers:      traces[i].SetHeaders(nil),
 			ContentType:  "application/json",
 			DeliveryMode: amqp.Persistent,
 			MessageId:    row.IdempotencyKey,
@@ -341,7 +355,8 @@ func (r *Relay) publishBatch(ctx, workCtx context.Context, ch *amqp.Channel, ret
 		}); err != nil {
 			r.logger.Error("release outbox rows", slog.String("error", err.Error()))
 		}
-		r.logger.Warn("outbox rows not published", slog.Int("rows", len(failed)), slog.String("error", reason))
+		r.logger.WarnContext(ctx, "outbox rows not published", slog.Int("rows", len(failed)), slog.String("error", reason))
+		tracing.Fail(span, errors.New(reason))
 		if publishErr != nil || ch.IsClosed() {
 			return len(rows), fmt.Errorf("publish: %s", reason)
 		}
