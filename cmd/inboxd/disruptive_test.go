@@ -41,7 +41,7 @@ func TestDisruptiveBrokerRestart(t *testing.T) {
 	b := setup(t)
 	// A slow ingest, so the restart lands while messages are still queued.
 	p := startProcess(t, serviceEnv(b.db, b.broker,
-		"INBOX_PREFETCH=20", "INBOX_INGEST_BATCH_SIZE=10", "INBOX_INGEST_CHANNELS=1", "INBOX_AMQP_HEARTBEAT=2s"))
+		"INBOX_PREFETCH=20", "INBOX_INGEST_BATCH_SIZE=10", "INBOX_AMQP_HEARTBEAT=2s"))
 	w := loadgen.Generate(loadgen.Spec{Orders: 6000, DuplicateRate: 0.3, ResendRate: 0.05, Seed: 9})
 	half := len(w.Messages) / 2
 	require.NoError(t, loadgen.Publish(t.Context(), b.broker.URL, w.Messages[:half], 200))
