@@ -664,15 +664,7 @@ func (c *Consumer) deadLetter(ctx context.Context, dlch *amqp.Channel, returns <
 		}
 	}
 	// A return comes before the confirm of its publish.
-	n := 0
-	for drained := false; !drained; {
-		select {
-		case <-returns:
-			n++
-		default:
-			drained = true
-		}
-	}
+	n := len(DrainReturns(returns))
 	if n > 0 {
 		return fmt.Errorf("%d dead letters returned unroutable: is %s missing?", n, QueueDead)
 	}

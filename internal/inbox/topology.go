@@ -130,6 +130,26 @@ func isInequivalent(err error, arg string) bool {
 		strings.Contains(amqpErr.Reason, "'"+arg+"'")
 }
 
+// DrainReturns takes every return waiting in returns (a channel from
+// amqp.Channel.NotifyReturn) without blocking. The broker sends the return
+// of a mandatory publish before its confirm, so once a batch's confirms have
+// arrived, its returns are all there. A closed channel (the AMQP channel
+// closed) has no more.
+func DrainReturns(returns <-chan amqp.Return) []amqp.Return {
+	var out []amqp.Return
+	for {
+		select {
+		case ret, ok := <-returns:
+			if !ok {
+				return out
+			}
+			out = append(out, ret)
+		default:
+			return out
+		}
+	}
+}
+
 // Declare connects to the broker at url, declares the topology with
 // DeclareTopology and disconnects.
 func Declare(url, queueType string) error {

@@ -309,14 +309,9 @@ func (r *Relay) publishBatch(ctx, workCtx context.Context, ch *amqp.Channel, ret
 	// The broker sends a return before the confirm of the same publish:
 	// every return of this batch is in the channel by now.
 	returned := map[string]string{}
-	for drained := false; !drained; {
-		select {
-		case ret := <-returns:
-			returned[ret.MessageId] = fmt.Sprintf("unroutable: the broker returned it (%d %s): no queue is bound for routing key %q, and %s is missing",
-				ret.ReplyCode, ret.ReplyText, ret.RoutingKey, inbox.QueueUnroutable)
-		default:
-			drained = true
-		}
+	for _, ret := range inbox.DrainReturns(returns) {
+		returned[ret.MessageId] = fmt.Sprintf("unroutable: the broker returned it (%d %s): no queue is bound for routing key %q, and %s is missing",
+			ret.ReplyCode, ret.ReplyText, ret.RoutingKey, inbox.QueueUnroutable)
 	}
 	var published, failed []int64
 	attempts := 1
