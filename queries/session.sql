@@ -11,3 +11,10 @@ LISTEN inbox_pending;
 -- SessionListenOutboxPending subscribes the session to the outbox_pending
 -- notifications sent by the outbox_notify trigger.
 LISTEN outbox_pending;
+
+-- name: SessionSetLockTimeout :one
+-- SessionSetLockTimeout sets lock_timeout for the rest of the transaction
+-- (or until a rollback to an earlier savepoint) and returns the value it
+-- had, to set back.
+SELECT current_setting('lock_timeout')::text AS previous,
+       set_config('lock_timeout', @lock_timeout::text, true)::text AS lock_timeout;

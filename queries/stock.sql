@@ -4,6 +4,13 @@
 -- and cannot deadlock.
 SELECT sku FROM stock WHERE sku = ANY(@skus::text[]) ORDER BY sku FOR UPDATE;
 
+-- name: StockLockAvailable :many
+-- StockLockAvailable locks, in SKU order, the stock rows of skus that no
+-- other transaction holds, and returns their SKUs. It never waits: the
+-- handler runs it after StockLockMany gave up on a lock, to find the SKUs
+-- that another session holds.
+SELECT sku FROM stock WHERE sku = ANY(@skus::text[]) ORDER BY sku FOR UPDATE SKIP LOCKED;
+
 -- name: StockGetMany :many
 -- StockGetMany returns the stock of skus. The handler reads it after locking
 -- the rows (StockLockMany), so the values hold until its transaction ends.
@@ -45,6 +52,7 @@ WITH released AS (
 SELECT count(*)::integer FROM given;
 
 -- name: StockReservedSkus :many
--- StockReservedSkus returns the SKUs that the orders hold reservations on.
-SELECT DISTINCT sku FROM stock_reservations
+-- StockReservedSkus returns the SKUs that each of the orders holds
+-- reservations on.
+SELECT DISTINCT order_id, sku FROM stock_reservations
 WHERE order_id = ANY(@order_ids::text[]) AND released_at IS NULL;

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -49,6 +51,7 @@ type config struct {
 	relayBatchSize   int
 	relayLease       time.Duration
 	statementTimeout time.Duration
+	lockTimeout      time.Duration
 	idleInTxTimeout  time.Duration
 	dbConnectTimeout time.Duration
 
@@ -105,6 +108,7 @@ func (c *config) settings() []setting {
 		{name: "INBOX_RELAY_BATCH_SIZE", def: "256", doc: "most outbox rows published at once", apply: intVar(&c.relayBatchSize, 1, 10000)},
 		{name: "INBOX_RELAY_LEASE", def: "30s", doc: "how long a relay's claim on outbox rows lasts; after a crash they are published again, under the same ids, once it has passed", apply: durationVar(&c.relayLease, time.Second)},
 		{name: "INBOX_STATEMENT_TIMEOUT", def: "30s", doc: "PostgreSQL statement_timeout of every connection", apply: durationVar(&c.statementTimeout, time.Millisecond)},
+		{name: "INBOX_LOCK_TIMEOUT", def: "5s", doc: "PostgreSQL lock_timeout of every connection: no lock wait lasts longer; a message whose handling runs into it waits and is tried again without losing an attempt", apply: durationVar(&c.lockTimeout, time.Millisecond)},
 		{name: "INBOX_IDLE_IN_TX_TIMEOUT", def: "60s", doc: "PostgreSQL idle_in_transaction_session_timeout of every connection", apply: durationVar(&c.idleInTxTimeout, time.Millisecond)},
 		{name: "INBOX_DB_CONNECT_TIMEOUT", def: "5s", doc: "bound on opening one PostgreSQL connection", apply: durationVar(&c.dbConnectTimeout, time.Millisecond)},
 		{name: "INBOX_RETENTION", def: "168h", doc: "how long processed messages, their attempt history, published outbox rows and conflict records are kept", apply: durationVar(&c.retention, time.Second)},
@@ -178,6 +182,14 @@ func loadConfig(getenv func(string) string, command string) (*config, error) {
 	}
 	rp["statement_timeout"] = strconv.FormatInt(c.statementTimeout.Milliseconds(), 10)
 	rp["idle_in_transaction_session_timeout"] = strconv.FormatInt(c.idleInTxTimeout.Milliseconds(), 10)
+	rp["lock_timeout"] = strconv.FormatInt(c.lockTimeout.Milliseconds(), 10)
+	// A context that ends inside a query cancels the query, instead of
+	// closing the connection (pgx's default): the transaction stays usable,
+	// so a batch whose handler ran out of time rolls back to its savepoint
+	// and goes on with its other messages.
+	c.dbConfig.ConnConfig.BuildContextWatcherHandler = func(conn *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.CancelRequestContextWatcherHandler{Conn: conn, DeadlineDelay: 5 * time.Second}
+	}
 	return c, nil
 }
 

@@ -89,15 +89,19 @@ WITH target AS (
             AND e.id < i.id
             AND e.status <> 'processed'
       ))
+      AND EXISTS (
+          SELECT 1 FROM inbox_attempts a
+          WHERE a.inbox_id = i.id AND a.run = i.replay_count AND a.outcome = 'abandoned'
+      ) = $2::boolean
     ORDER BY i.id
-    LIMIT 1
+    LIMIT $3
     FOR UPDATE OF i SKIP LOCKED
 ), claimed AS (
     UPDATE inbox
     SET attempts = inbox.attempts + 1,
         claimed_at = now(),
-        claimed_by = $2::text,
-        claimed_build = $3::text
+        claimed_by = $4::text,
+        claimed_build = $5::text
     FROM target
     WHERE inbox.id = target.id
     RETURNING inbox.id, inbox.claimed_at
@@ -113,9 +117,11 @@ SELECT id, claimed_at::timestamptz AS claimed_at FROM claimed
 `
 
 type InboxClaimUnfinishedParams struct {
-	LeaseSeconds float64
-	Process      string
-	Build        string
+	LeaseSeconds    float64
+	AbandonedBefore bool
+	MaxRows         int32
+	Process         string
+	Build           string
 }
 
 type InboxClaimUnfinishedRow struct {
@@ -123,15 +129,26 @@ type InboxClaimUnfinishedRow struct {
 	ClaimedAt time.Time
 }
 
-// InboxClaimUnfinished claims the oldest message whose last claim never
-// recorded an outcome (the process died, or lost its transaction, while
-// handling it), counts an attempt for it, and writes the lost attempt to
-// inbox_attempts as abandoned. A claim younger than lease_seconds is left
-// alone, as its worker may be about to lock the row; a row that a worker
-// has locked is skipped. As in InboxClaimBatch, a message waits while an
-// earlier message of its order is open.
+// InboxClaimUnfinished claims, oldest first, up to max_rows messages whose
+// last claim never recorded an outcome (the process died, or lost its
+// transaction, while handling them), counts an attempt for each, and writes
+// each lost attempt to inbox_attempts as abandoned. A claim younger than
+// lease_seconds is left alone, as its worker may be about to lock the row; a
+// row that a worker has locked is skipped. As in InboxClaimBatch, a message
+// waits while an earlier message of its order is open.
+//
+// abandoned_before selects the messages that had an attempt abandoned
+// before this one (true) or not (false): a message abandoned again may be
+// what kills its process, and is handled alone; the others, the victims of
+// a crash that happened to hold them, are taken over as a batch.
 func (q *Queries) InboxClaimUnfinished(ctx context.Context, db DBTX, arg InboxClaimUnfinishedParams) ([]InboxClaimUnfinishedRow, error) {
-	rows, err := db.Query(ctx, inboxClaimUnfinished, arg.LeaseSeconds, arg.Process, arg.Build)
+	rows, err := db.Query(ctx, inboxClaimUnfinished,
+		arg.LeaseSeconds,
+		arg.AbandonedBefore,
+		arg.MaxRows,
+		arg.Process,
+		arg.Build,
+	)
 	if err != nil {
 		return nil, err
 	}
@@ -159,24 +176,26 @@ WITH u AS (
            unnest($7::bigint[]) AS retry_delay_ms
 ), done AS (
     UPDATE inbox
-    SET status           = u.status,
+    SET status           = CASE u.status WHEN 'waiting' THEN 'pending' ELSE u.status END,
+        attempts         = CASE u.status WHEN 'waiting' THEN inbox.attempts - 1 ELSE inbox.attempts END,
         claimed_at       = NULL,
         claimed_by       = NULL,
         claimed_build    = NULL,
-        replay_requested = false,
+        -- A replay that has to wait is still a replay when it runs.
+        replay_requested = u.status = 'waiting' AND inbox.replay_requested,
         result          = nullif(u.result, ''),
         last_error      = nullif(u.last_error, ''),
         -- When the outcome was recorded, after the handler ran (now() would
         -- be the start of the transaction).
-        processed_at    = CASE WHEN u.status = 'pending' THEN NULL ELSE statement_timestamp() END,
+        processed_at    = CASE WHEN u.status IN ('pending', 'waiting') THEN NULL ELSE statement_timestamp() END,
         -- A retry's delay runs from this outcome, not from the start of
         -- the transaction, which a long batch may have used up.
-        next_attempt_at = CASE WHEN u.status = 'pending'
+        next_attempt_at = CASE WHEN u.status IN ('pending', 'waiting')
                                THEN statement_timestamp() + u.retry_delay_ms * interval '1 millisecond'
                                ELSE inbox.next_attempt_at END
     FROM u
     WHERE inbox.id = u.id
-    RETURNING inbox.id, inbox.replay_count, inbox.attempts, inbox.message_id
+    RETURNING inbox.id, inbox.replay_count, inbox.attempts, inbox.message_id, u.status
 )
 INSERT INTO inbox_attempts (inbox_id, run, attempt, message_id, outcome, error, result, process, build, started_at, finished_at)
 SELECT done.id, done.replay_count, done.attempts, done.message_id,
@@ -186,6 +205,7 @@ SELECT done.id, done.replay_count, done.attempts, done.message_id,
 FROM done
 JOIN u ON u.id = done.id
 JOIN inbox AS started ON started.id = done.id
+WHERE done.status <> 'waiting'
 ON CONFLICT DO NOTHING
 `
 
@@ -202,6 +222,12 @@ type InboxCompleteManyParams struct {
 // InboxCompleteMany records the outcome of one handling attempt for each
 // locked message: status processed, dead, or pending again with a retry
 // delay. It ends the claim and writes the attempt to inbox_attempts.
+//
+// The status 'waiting' is not an attempt: the message could not be handled
+// for a reason outside it (a row it needs is locked by another session, the
+// batch's deadline passed before its turn). It goes back to pending after
+// its delay with the attempt the claim counted given back, and no history
+// row; last_error says why it waits.
 // The rows as they were before this statement: when the attempt began.
 // Only a hand edit of inbox.attempts (by the schema's owner) can repeat an
 // attempt number within a run; the history then keeps the first, and the

@@ -42,3 +42,23 @@ func (q *Queries) SessionListenOutboxPending(ctx context.Context, db DBTX) error
 	_, err := db.Exec(ctx, sessionListenOutboxPending)
 	return err
 }
+
+const sessionSetLockTimeout = `-- name: SessionSetLockTimeout :one
+SELECT current_setting('lock_timeout')::text AS previous,
+       set_config('lock_timeout', $1::text, true)::text AS lock_timeout
+`
+
+type SessionSetLockTimeoutRow struct {
+	Previous    string
+	LockTimeout string
+}
+
+// SessionSetLockTimeout sets lock_timeout for the rest of the transaction
+// (or until a rollback to an earlier savepoint) and returns the value it
+// had, to set back.
+func (q *Queries) SessionSetLockTimeout(ctx context.Context, db DBTX, lockTimeout string) (SessionSetLockTimeoutRow, error) {
+	row := db.QueryRow(ctx, sessionSetLockTimeout, lockTimeout)
+	var i SessionSetLockTimeoutRow
+	err := row.Scan(&i.Previous, &i.LockTimeout)
+	return i, err
+}

@@ -40,6 +40,34 @@ func (q *Queries) StockGetMany(ctx context.Context, db DBTX, skus []string) ([]S
 	return items, nil
 }
 
+const stockLockAvailable = `-- name: StockLockAvailable :many
+SELECT sku FROM stock WHERE sku = ANY($1::text[]) ORDER BY sku FOR UPDATE SKIP LOCKED
+`
+
+// StockLockAvailable locks, in SKU order, the stock rows of skus that no
+// other transaction holds, and returns their SKUs. It never waits: the
+// handler runs it after StockLockMany gave up on a lock, to find the SKUs
+// that another session holds.
+func (q *Queries) StockLockAvailable(ctx context.Context, db DBTX, skus []string) ([]string, error) {
+	rows, err := db.Query(ctx, stockLockAvailable, skus)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []string
+	for rows.Next() {
+		var sku string
+		if err := rows.Scan(&sku); err != nil {
+			return nil, err
+		}
+		items = append(items, sku)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const stockLockMany = `-- name: StockLockMany :exec
 SELECT sku FROM stock WHERE sku = ANY($1::text[]) ORDER BY sku FOR UPDATE
 `
@@ -113,24 +141,30 @@ func (q *Queries) StockReservationInsertMany(ctx context.Context, db DBTX, arg S
 }
 
 const stockReservedSkus = `-- name: StockReservedSkus :many
-SELECT DISTINCT sku FROM stock_reservations
+SELECT DISTINCT order_id, sku FROM stock_reservations
 WHERE order_id = ANY($1::text[]) AND released_at IS NULL
 `
 
-// StockReservedSkus returns the SKUs that the orders hold reservations on.
-func (q *Queries) StockReservedSkus(ctx context.Context, db DBTX, orderIds []string) ([]string, error) {
+type StockReservedSkusRow struct {
+	OrderID string
+	Sku     string
+}
+
+// StockReservedSkus returns the SKUs that each of the orders holds
+// reservations on.
+func (q *Queries) StockReservedSkus(ctx context.Context, db DBTX, orderIds []string) ([]StockReservedSkusRow, error) {
 	rows, err := db.Query(ctx, stockReservedSkus, orderIds)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var items []string
+	var items []StockReservedSkusRow
 	for rows.Next() {
-		var sku string
-		if err := rows.Scan(&sku); err != nil {
+		var i StockReservedSkusRow
+		if err := rows.Scan(&i.OrderID, &i.Sku); err != nil {
 			return nil, err
 		}
-		items = append(items, sku)
+		items = append(items, i)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err

@@ -1,6 +1,7 @@
 package inbox
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -119,3 +120,25 @@ type retryAfterError struct {
 
 func (e *retryAfterError) Error() string { return e.err.Error() }
 func (e *retryAfterError) Unwrap() error { return e.err }
+
+// WaitDefault is how long a message waits, when its handler says Wait
+// without a delay of its own, before it is tried again.
+const WaitDefault = time.Second
+
+// Wait wraps err to say that the message could not be handled now for a
+// reason outside it, such as a row it needs being locked by another
+// session: it is tried again after d (WaitDefault when d is 0) and the
+// attempt does not count towards the maximum, nor enter the attempt
+// history. Its reason stays in inbox.last_error while it waits. A lock wait
+// that runs into lock_timeout (SQLSTATE 55P03) is treated the same way.
+func Wait(d time.Duration, err error) error {
+	return &waitError{after: cmp.Or(d, WaitDefault), err: err}
+}
+
+type waitError struct {
+	after time.Duration
+	err   error
+}
+
+func (e *waitError) Error() string { return e.err.Error() }
+func (e *waitError) Unwrap() error { return e.err }

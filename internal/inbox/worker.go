@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/trace"
 
@@ -44,7 +45,9 @@ type WorkerConfig struct {
 	// PollInterval is how often the worker looks for due messages when nothing
 	// has woken it (wake-ups come from Notify). Defaults to 1 second.
 	PollInterval time.Duration
-	// HandlerTimeout bounds one HandleBatch call. Defaults to 30 seconds.
+	// HandlerTimeout bounds the handling of one batch, the one-by-one
+	// handling of its messages after a failure included (see handle).
+	// Defaults to 30 seconds.
 	HandlerTimeout time.Duration
 	// MaxAttempts is the number of failed attempts after which a message is
 	// marked dead. Defaults to 10.
@@ -113,9 +116,10 @@ func (c *WorkerConfig) withDefaults() (*WorkerConfig, error) {
 
 // BatchStats describes one committed work batch.
 type BatchStats struct {
-	// Processed, Retried and Dead count the messages by outcome; Replays
-	// counts the replayed messages among them.
-	Processed, Retried, Dead, Replays int
+	// Processed, Retried and Dead count the messages by outcome, Waiting
+	// those that wait without an attempt counted (see Wait); Replays counts
+	// the replayed messages among them.
+	Processed, Retried, Dead, Waiting, Replays int
 	// HandlerDuration is how long the handler took for the batch.
 	HandlerDuration time.Duration
 	// Latencies holds, for each processed message, the time from its
@@ -137,8 +141,8 @@ type Worker struct {
 	queries *dbsqlc.Queries
 	wake    chan struct{}
 
-	// exclusive is held for writing while a message whose last claim never
-	// ended is claimed and handled, and for reading by every other batch.
+	// exclusive is held for writing while a message abandoned more than
+	// once is claimed and handled, and for reading by every other batch.
 	exclusive sync.RWMutex
 
 	service startstop.Service
@@ -177,6 +181,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		for i := range w.cfg.Concurrency {
 			wg.Go(func() { w.loop(fetchCtx, workCtx, i) })
 		}
+		wg.Go(func() { w.takeOverLoop(fetchCtx, workCtx) })
 		wg.Wait()
 	})
 }
@@ -223,19 +228,6 @@ func (w *Worker) loop(fetchCtx, workCtx context.Context, n int) {
 			return
 		case <-w.wake:
 		case <-poll.C:
-			// Take over the claims of crashed workers, one message at a time.
-			for fetchCtx.Err() == nil {
-				claimed, err := w.RunUnfinished(workCtx)
-				if err != nil {
-					if !fail(err) {
-						return
-					}
-					break
-				}
-				if claimed == 0 {
-					break
-				}
-			}
 		}
 	}
 }
@@ -251,9 +243,9 @@ func (w *Worker) loop(fetchCtx, workCtx context.Context, n int) {
 // attempt was committed first, a message whose handling kills the process
 // still uses up its attempts, and ends dead instead of crash-looping.
 //
-// When there is no batch to claim, RunOnce looks for a message whose last
-// claim never ended (see RunUnfinished); the worker goroutines do that on
-// every PollInterval tick.
+// When there is no batch to claim, RunOnce takes over messages whose last
+// claim never ended (see RunUnfinished); a Worker started with Start does
+// that on a timer of its own, every PollInterval.
 func (w *Worker) RunOnce(ctx context.Context) (int, error) {
 	n, err := w.runBatch(ctx)
 	if err != nil || n > 0 {
@@ -281,28 +273,78 @@ func (w *Worker) runBatch(ctx context.Context) (int, error) {
 	return len(rows), w.work(ctx, c)
 }
 
-// RunUnfinished claims the oldest message whose last claim never ended (the
-// process died, or lost its database connection, while handling it) and
-// handles it alone, while no other work of this Worker is in flight: if it
-// kills the process again, it costs no other message an attempt. Once such a
-// message has used up its attempts it is marked dead without running. It
-// returns the number of messages claimed, 0 or 1.
+// RunUnfinished takes over messages whose last claim never ended (the
+// process died, or lost its database connection, while handling them), and
+// returns how many it claimed. Those abandoned for the first time are
+// claimed and handled as one batch, alongside this Worker's other batches:
+// a crash that happened to hold them says nothing about them. One abandoned
+// before may be what kills its process, so it is handled alone, while no
+// other work of this Worker is in flight: if it kills the process again, it
+// costs no other message an attempt. Once such a message has used up its
+// attempts it is marked dead without running.
 func (w *Worker) RunUnfinished(ctx context.Context) (int, error) {
+	n, err := w.takeOver(ctx, false, w.cfg.BatchSize)
+	if err != nil || n > 0 {
+		return n, err
+	}
 	w.exclusive.Lock()
 	defer w.exclusive.Unlock()
+	return w.takeOver(ctx, true, 1)
+}
+
+// takeOver claims up to maxRows unfinished messages, abandoned before or
+// not, and handles them.
+func (w *Worker) takeOver(ctx context.Context, abandonedBefore bool, maxRows int) (int, error) {
+	if !abandonedBefore {
+		w.exclusive.RLock()
+		defer w.exclusive.RUnlock()
+	}
 	rows, err := w.queries.InboxClaimUnfinished(ctx, w.pool, dbsqlc.InboxClaimUnfinishedParams{
-		LeaseSeconds: w.cfg.ClaimLease.Seconds(),
-		Process:      w.cfg.Process,
-		Build:        w.cfg.Build,
+		LeaseSeconds:    w.cfg.ClaimLease.Seconds(),
+		AbandonedBefore: abandonedBefore,
+		MaxRows:         int32(maxRows),
+		Process:         w.cfg.Process,
+		Build:           w.cfg.Build,
 	})
 	if err != nil {
-		return 0, fmt.Errorf("claim unfinished message: %w", err)
+		return 0, fmt.Errorf("claim unfinished messages: %w", err)
 	}
 	var c claims
 	for _, r := range rows {
 		c.Ids, c.ClaimedAts = append(c.Ids, r.ID), append(c.ClaimedAts, r.ClaimedAt)
 	}
 	return len(rows), w.work(ctx, c)
+}
+
+// takeOverLoop takes over the claims of crashed workers on a timer of its
+// own, every PollInterval, however busy the other goroutines are: a backlog
+// draining never delays a crashed process's messages, and the later
+// messages of their orders, past their lease and a tick.
+func (w *Worker) takeOverLoop(fetchCtx, workCtx context.Context) {
+	tick := time.NewTicker(w.cfg.PollInterval)
+	defer tick.Stop()
+	failures := 0
+	for {
+		select {
+		case <-fetchCtx.Done():
+			return
+		case <-tick.C:
+		}
+		for fetchCtx.Err() == nil {
+			n, err := w.RunUnfinished(workCtx)
+			if err != nil {
+				failures++
+				delay := retry.Backoff(failures, 100*time.Millisecond, 10*time.Second)
+				w.logger.Error("take over unfinished messages", slog.String("error", err.Error()), slog.Duration("retry_in", delay))
+				retry.Sleep(fetchCtx, delay)
+				break
+			}
+			failures = 0
+			if n == 0 {
+				break
+			}
+		}
+	}
 }
 
 // claims names claimed rows: each by its id and the claimed_at its claim
@@ -325,14 +367,16 @@ func (w *Worker) work(ctx context.Context, c claims) error {
 	if err != nil {
 		return fmt.Errorf("lock claimed messages: %w", err)
 	}
+	// msgs are handled; givenUp have used up their attempts without ever
+	// finishing one, and are recorded dead without running.
 	var msgs, givenUp []Message
 	// Every message's process span ends once its outcome is known: after
 	// the commit, or with the error that abandoned the batch.
 	spans := make([]trace.Span, 0, len(rows))
-	var outcomes []Outcome
-	var statuses []string
+	var all []Message
+	var decisions []decision
 	var workErr error
-	defer func() { endProcessSpans(spans, msgs, outcomes, statuses, workErr) }()
+	defer func() { endProcessSpans(spans, all, decisions, workErr) }()
 	for _, r := range rows {
 		m := Message{
 			ID:         r.ID,
@@ -356,6 +400,7 @@ func (w *Worker) work(ctx context.Context, c claims) error {
 	}
 
 	handleStarted := time.Now()
+	var outcomes []Outcome
 	if len(msgs) > 0 {
 		if outcomes, err = w.handle(ctx, tx, msgs); err != nil {
 			workErr = err
@@ -363,16 +408,12 @@ func (w *Worker) work(ctx context.Context, c claims) error {
 		}
 	}
 	handlerDuration := time.Since(handleStarted)
-	for _, m := range givenUp {
-		msgs = append(msgs, m)
-		outcomes = append(outcomes, Outcome{Err: Permanent(fmt.Errorf(
-			"gave up after %d attempts: the last ones never finished (the process died, or lost its database connection, while handling the message)",
-			m.Attempt-1))})
-	}
-	if len(msgs) == 0 {
+	all = append(msgs, givenUp...)
+	outcomes = append(outcomes, make([]Outcome, len(givenUp))...)
+	if len(all) == 0 {
 		return nil
 	}
-	if statuses, err = w.complete(ctx, tx, msgs, outcomes); err != nil {
+	if decisions, err = w.complete(ctx, tx, all, outcomes); err != nil {
 		workErr = err
 		return err
 	}
@@ -385,23 +426,23 @@ func (w *Worker) work(ctx context.Context, c claims) error {
 		return workErr
 	}
 	if w.cfg.Observe != nil {
-		w.cfg.Observe(batchStats(msgs, statuses, handlerDuration))
+		w.cfg.Observe(batchStats(all, decisions, handlerDuration))
 	}
 	return nil
 }
 
 // endProcessSpans ends the process span of every claimed message: with its
-// recorded outcome (processed, retried or dead) once the batch committed,
-// else as abandoned with workErr. statuses and outcomes are parallel to msgs
-// when the batch committed.
-func endProcessSpans(spans []trace.Span, msgs []Message, outcomes []Outcome, statuses []string, workErr error) {
-	if workErr == nil && len(statuses) == len(msgs) {
+// recorded decision once the batch committed, else as abandoned with
+// workErr. decisions is parallel to msgs when the batch committed.
+func endProcessSpans(spans []trace.Span, msgs []Message, decisions []decision, workErr error) {
+	if workErr == nil && len(decisions) == len(msgs) && len(msgs) == len(spans) {
 		for i, m := range msgs {
-			outcome := statuses[i]
-			if outcome == StatusPending {
-				outcome = "retried"
+			d := decisions[i]
+			var err error
+			if d.lastError != "" {
+				err = errors.New(d.lastError)
 			}
-			tracing.EndProcess(m.span, outcome, outcomes[i].Err)
+			tracing.EndProcess(m.span, spanOutcome(d.status), err)
 		}
 		return
 	}
@@ -410,17 +451,30 @@ func endProcessSpans(spans []trace.Span, msgs []Message, outcomes []Outcome, sta
 	}
 }
 
-func batchStats(msgs []Message, statuses []string, handlerDuration time.Duration) BatchStats {
+// spanOutcome names a decision's status in the process span.
+func spanOutcome(status string) string {
+	switch status {
+	case StatusPending:
+		return "retried"
+	case outcomeWaiting:
+		return "waiting"
+	}
+	return status
+}
+
+func batchStats(msgs []Message, decisions []decision, handlerDuration time.Duration) BatchStats {
 	st := BatchStats{HandlerDuration: handlerDuration}
 	now := time.Now()
 	for i, m := range msgs {
-		switch statuses[i] {
+		switch decisions[i].status {
 		case StatusProcessed:
 			st.Processed++
 			st.Latencies = append(st.Latencies, now.Sub(m.ReceivedAt))
 			st.TraceIDs = append(st.TraceIDs, tracing.SampledTraceID(m.Context(context.Background())))
 		case StatusDead:
 			st.Dead++
+		case outcomeWaiting:
+			st.Waiting++
 		default:
 			st.Retried++
 		}
@@ -433,8 +487,21 @@ func batchStats(msgs []Message, statuses []string, handlerDuration time.Duration
 
 // handle runs the handler on the whole batch under a savepoint; if that
 // fails it runs it on each message alone, each under its own savepoint.
+// HandlerTimeout bounds it all: the batch gets half of it (all of it for a
+// single message), and the messages handled alone share what is left, each
+// getting an equal part of the time that remains for those still to come.
+// So a message stuck in a query uses up its own part only; the others are
+// handled, and a message whose turn comes after the deadline waits (see
+// Wait) instead of losing an attempt. A context that ends inside a query
+// cancels the query (the pools are configured so), which keeps the
+// transaction usable: the savepoint rolls it back.
 func (w *Worker) handle(ctx context.Context, tx pgx.Tx, msgs []Message) ([]Outcome, error) {
-	outcomes, batchErr := w.handleUnderSavepoint(ctx, tx, msgs)
+	deadline := time.Now().Add(w.cfg.HandlerTimeout)
+	batchTimeout := w.cfg.HandlerTimeout
+	if len(msgs) > 1 {
+		batchTimeout /= 2
+	}
+	outcomes, batchErr := w.handleUnderSavepoint(ctx, tx, msgs, time.Now().Add(batchTimeout))
 	switch {
 	case batchErr == nil:
 		return outcomes, nil
@@ -447,7 +514,12 @@ func (w *Worker) handle(ctx context.Context, tx pgx.Tx, msgs []Message) ([]Outco
 		slog.Int("batch_size", len(msgs)), slog.String("error", batchErr.Error()))
 	outcomes = make([]Outcome, len(msgs))
 	for i := range msgs {
-		out, err := w.handleUnderSavepoint(ctx, tx, msgs[i:i+1])
+		share := time.Until(deadline) / time.Duration(len(msgs)-i)
+		if share < time.Millisecond || ctx.Err() != nil {
+			outcomes[i] = Outcome{Err: Wait(0, fmt.Errorf("not handled: the batch's handler timeout (%s) passed before its turn", w.cfg.HandlerTimeout))}
+			continue
+		}
+		out, err := w.handleUnderSavepoint(ctx, tx, msgs[i:i+1], time.Now().Add(share))
 		if errors.Is(err, errTxBroken) {
 			return nil, err
 		}
@@ -465,12 +537,12 @@ func (w *Worker) handle(ctx context.Context, tx pgx.Tx, msgs []Message) ([]Outco
 // and its rows stay pending.
 var errTxBroken = errors.New("claim transaction broken")
 
-func (w *Worker) handleUnderSavepoint(ctx context.Context, tx pgx.Tx, msgs []Message) ([]Outcome, error) {
+func (w *Worker) handleUnderSavepoint(ctx context.Context, tx pgx.Tx, msgs []Message, deadline time.Time) ([]Outcome, error) {
 	sp, err := tx.Begin(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("%w: create savepoint: %w", errTxBroken, err)
 	}
-	outcomes, err := w.callHandler(ctx, sp, msgs)
+	outcomes, err := w.callHandler(ctx, sp, msgs, deadline)
 	if err == nil && len(outcomes) != len(msgs) {
 		err = fmt.Errorf("handler returned %d outcomes for %d messages", len(outcomes), len(msgs))
 	}
@@ -486,9 +558,10 @@ func (w *Worker) handleUnderSavepoint(ctx context.Context, tx pgx.Tx, msgs []Mes
 	return outcomes, nil
 }
 
-// callHandler runs the handler with its timeout and turns a panic into an error.
-func (w *Worker) callHandler(ctx context.Context, tx pgx.Tx, msgs []Message) (outcomes []Outcome, err error) {
-	ctx, cancel := context.WithTimeout(ctx, w.cfg.HandlerTimeout)
+// callHandler runs the handler until deadline and turns a panic into an
+// error.
+func (w *Worker) callHandler(ctx context.Context, tx pgx.Tx, msgs []Message, deadline time.Time) (outcomes []Outcome, err error) {
+	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	if len(msgs) == 1 {
 		ctx = msgs[0].Context(ctx) // a batch of one runs in its message's span
@@ -502,9 +575,56 @@ func (w *Worker) callHandler(ctx context.Context, tx pgx.Tx, msgs []Message) (ou
 	return w.cfg.Handler.HandleBatch(ctx, tx, msgs)
 }
 
-// complete writes every message's outcome in one statement, and returns the
-// status it gave each.
-func (w *Worker) complete(ctx context.Context, tx pgx.Tx, msgs []Message, outcomes []Outcome) ([]string, error) {
+// outcomeWaiting is the status InboxCompleteMany takes for a message that
+// waits (see Wait): pending again, the attempt given back.
+const outcomeWaiting = "waiting"
+
+// decision is what becomes of a handled message: the status recorded
+// (StatusProcessed, StatusDead, StatusPending for a retry, or
+// outcomeWaiting), its result or error text, and the delay before a retry
+// or after a wait.
+type decision struct {
+	status, result, lastError string
+	delay                     time.Duration
+}
+
+// decide turns a message's outcome into its decision. It is pure: the
+// outcome statement stores the decision, and the stats and logs read it.
+func (w *Worker) decide(m Message, out Outcome) decision {
+	var wait *waitError
+	var ra *retryAfterError
+	switch {
+	case m.Attempt > w.cfg.MaxAttempts:
+		// Not handled at all: its earlier attempts never finished.
+		return decision{status: StatusDead, lastError: fmt.Sprintf(
+			"gave up after %d attempts: the last ones never finished (the process died, or lost its database connection, while handling the message)",
+			m.Attempt-1)}
+	case out.Err == nil:
+		return decision{status: StatusProcessed, result: storable(out.Result)}
+	case errors.As(out.Err, &wait):
+		return decision{status: outcomeWaiting, lastError: storable("waiting: " + out.Err.Error()), delay: wait.after}
+	case isLockNotAvailable(out.Err):
+		return decision{status: outcomeWaiting, lastError: storable("waiting: a row it needs is locked by another session: " + out.Err.Error()), delay: WaitDefault}
+	case errors.Is(out.Err, ErrPermanent), m.Attempt >= w.cfg.MaxAttempts:
+		return decision{status: StatusDead, lastError: storable(out.Err.Error())}
+	case errors.As(out.Err, &ra):
+		return decision{status: StatusPending, lastError: storable(out.Err.Error()), delay: ra.after}
+	default:
+		return decision{status: StatusPending, lastError: storable(out.Err.Error()),
+			delay: retry.Backoff(m.Attempt, w.cfg.RetryBase, w.cfg.RetryMax)}
+	}
+}
+
+// isLockNotAvailable reports whether err is PostgreSQL's lock_timeout (or a
+// NOWAIT lock) giving up: SQLSTATE 55P03.
+func isLockNotAvailable(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
+}
+
+// complete records every message's decision in one statement, and returns
+// the decisions.
+func (w *Worker) complete(ctx context.Context, tx pgx.Tx, msgs []Message, outcomes []Outcome) ([]decision, error) {
 	p := dbsqlc.InboxCompleteManyParams{
 		Process:       w.cfg.Process,
 		Build:         w.cfg.Build,
@@ -514,35 +634,29 @@ func (w *Worker) complete(ctx context.Context, tx pgx.Tx, msgs []Message, outcom
 		LastErrors:    make([]string, len(msgs)),
 		RetryDelaysMs: make([]int64, len(msgs)),
 	}
+	decisions := make([]decision, len(msgs))
 	for i, m := range msgs {
-		out := outcomes[i]
-		p.Ids[i] = m.ID
-		switch {
-		case out.Err == nil:
-			p.Statuses[i] = StatusProcessed
-			p.Results[i] = storable(out.Result)
-		case errors.Is(out.Err, ErrPermanent), m.Attempt >= w.cfg.MaxAttempts:
-			p.Statuses[i] = StatusDead
-			p.LastErrors[i] = storable(out.Err.Error())
-			w.logger.WarnContext(m.Context(ctx), "message dead", slog.String("message_id", m.MessageID),
-				slog.String("message_type", m.Type), slog.Int("attempt", m.Attempt), slog.String("error", out.Err.Error()))
-		default:
-			delay := retry.Backoff(m.Attempt, w.cfg.RetryBase, w.cfg.RetryMax)
-			var ra *retryAfterError
-			if errors.As(out.Err, &ra) {
-				delay = ra.after
-			}
-			p.Statuses[i] = StatusPending
-			p.LastErrors[i] = storable(out.Err.Error())
-			p.RetryDelaysMs[i] = delay.Milliseconds()
-			w.logger.InfoContext(m.Context(ctx), "message will be retried", slog.String("message_id", m.MessageID),
-				slog.Int("attempt", m.Attempt), slog.Duration("retry_in", delay), slog.String("error", out.Err.Error()))
+		d := w.decide(m, outcomes[i])
+		decisions[i] = d
+		p.Ids[i], p.Statuses[i], p.Results[i], p.LastErrors[i] = m.ID, d.status, d.result, d.lastError
+		p.RetryDelaysMs[i] = d.delay.Milliseconds()
+		mctx := m.Context(ctx)
+		switch d.status {
+		case StatusDead:
+			w.logger.WarnContext(mctx, "message dead", slog.String("message_id", m.MessageID),
+				slog.String("message_type", m.Type), slog.Int("attempt", m.Attempt), slog.String("error", d.lastError))
+		case StatusPending:
+			w.logger.InfoContext(mctx, "message will be retried", slog.String("message_id", m.MessageID),
+				slog.Int("attempt", m.Attempt), slog.Duration("retry_in", d.delay), slog.String("error", d.lastError))
+		case outcomeWaiting:
+			w.logger.InfoContext(mctx, "message waits, its attempt not counted", slog.String("message_id", m.MessageID),
+				slog.Duration("retry_in", d.delay), slog.String("reason", d.lastError))
 		}
 	}
 	if err := w.queries.InboxCompleteMany(ctx, tx, p); err != nil {
 		return nil, fmt.Errorf("record outcomes: %w", err)
 	}
-	return p.Statuses, nil
+	return decisions, nil
 }
 
 // storable makes a handler's result or error text safe for a text column

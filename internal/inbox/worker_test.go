@@ -420,7 +420,7 @@ func TestWorkerFailureIsBounded(t *testing.T) {
 		require.Len(t, claimed, 1)
 		for i := range maxAttempts - 1 {
 			claimed, err := q.InboxClaimUnfinished(t.Context(), b.db.Pool, dbsqlc.InboxClaimUnfinishedParams{
-				Process: fmt.Sprintf("host/%d", i+2), Build: "v1",
+				Process: fmt.Sprintf("host/%d", i+2), Build: "v1", MaxRows: 1, AbandonedBefore: i > 0,
 			})
 			require.NoError(t, err)
 			require.Len(t, claimed, 1)

@@ -8,9 +8,12 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/orderconfirm/inboxd/internal/dbsqlc"
 	"github.com/orderconfirm/inboxd/internal/inbox"
@@ -88,8 +91,13 @@ func (h *Handler) HandleBatch(ctx context.Context, tx pgx.Tx, msgs []inbox.Messa
 			outcomes[i].Err = inbox.Permanentf("unknown message type %q", m.Type)
 		}
 	}
-	if err := h.lockStock(ctx, tx, decoded); err != nil {
+	blocked, err := h.lockStock(ctx, tx, decoded)
+	if err != nil {
 		return nil, err
+	}
+	for i, skus := range blocked {
+		outcomes[i].Err = inbox.Wait(0, fmt.Errorf("stock row %s locked by another session", strings.Join(skus, ", ")))
+		decoded[i] = nil
 	}
 
 	var created []pendingCreate
@@ -134,40 +142,108 @@ func (h *Handler) HandleBatch(ctx context.Context, tx pgx.Tx, msgs []inbox.Messa
 	return outcomes, nil
 }
 
-// lockStock locks, once and in SKU order, every stock row the batch may
-// change: the items of its orders and the reservations of the orders it
-// cancels. Transactions that take their locks in one go and in one order
-// cannot deadlock each other.
-func (h *Handler) lockStock(ctx context.Context, tx pgx.Tx, decoded []any) error {
-	skuSet := map[string]bool{}
-	var cancelled []string
-	for _, d := range decoded {
+// StockLockWait is how long the handler waits for a stock row that another
+// session holds before it lets the orders that need it wait instead (see
+// inbox.Wait), and handles the rest of the batch.
+const StockLockWait = 200 * time.Millisecond
+
+// lockStock locks the stock rows that the batch's messages need: the items
+// of its orders, and what its cancellations hold reserved. It locks them in
+// SKU order, so that batches cannot deadlock, and waits at most
+// StockLockWait: a row that another session holds longer (an operator's
+// open transaction, say) is not waited for. It returns, per message index,
+// the SKUs it needs that another session holds; those messages must not
+// run now.
+func (h *Handler) lockStock(ctx context.Context, tx pgx.Tx, decoded []any) (map[int][]string, error) {
+	needs := map[int][]string{}
+	cancelled := map[string]int{}
+	for i, d := range decoded {
 		switch d := d.(type) {
 		case OrderCreated:
 			for _, it := range d.Items {
-				skuSet[it.SKU] = true
+				needs[i] = append(needs[i], it.SKU)
 			}
 		case OrderCancelled:
-			cancelled = append(cancelled, d.OrderID)
+			cancelled[d.OrderID] = i
 		}
 	}
 	if len(cancelled) > 0 {
-		reserved, err := h.queries.StockReservedSkus(ctx, tx, cancelled)
+		reserved, err := h.queries.StockReservedSkus(ctx, tx, slices.Collect(maps.Keys(cancelled)))
 		if err != nil {
-			return fmt.Errorf("read reserved skus: %w", err)
+			return nil, fmt.Errorf("read reserved skus: %w", err)
 		}
-		for _, sku := range reserved {
+		for _, r := range reserved {
+			i := cancelled[r.OrderID]
+			needs[i] = append(needs[i], r.Sku)
+		}
+	}
+	skuSet := map[string]bool{}
+	for _, skus := range needs {
+		for _, sku := range skus {
 			skuSet[sku] = true
 		}
 	}
 	if len(skuSet) == 0 {
-		return nil
+		return nil, nil
 	}
 	skus := slices.Sorted(maps.Keys(skuSet))
-	if err := h.queries.StockLockMany(ctx, tx, skus); err != nil {
-		return fmt.Errorf("lock stock: %w", err)
+
+	held, err := h.lockOrFindHeld(ctx, tx, skus)
+	if err != nil || len(held) == 0 {
+		return nil, err
 	}
-	return nil
+	blocked := map[int][]string{}
+	for i, need := range needs {
+		for _, sku := range slices.Sorted(slices.Values(need)) {
+			if held[sku] && !slices.Contains(blocked[i], sku) {
+				blocked[i] = append(blocked[i], sku)
+			}
+		}
+	}
+	return blocked, nil
+}
+
+// lockOrFindHeld locks the stock rows of skus, waiting at most
+// StockLockWait. When that runs out, it locks the rows nobody holds and
+// returns the SKUs of the others: rows that exist but are held by another
+// session.
+func (h *Handler) lockOrFindHeld(ctx context.Context, tx pgx.Tx, skus []string) (map[string]bool, error) {
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("lock stock: %w", err)
+	}
+	set, err := h.queries.SessionSetLockTimeout(ctx, sp, strconv.FormatInt(StockLockWait.Milliseconds(), 10)+"ms")
+	if err == nil {
+		if err = h.queries.StockLockMany(ctx, sp, skus); err == nil {
+			// Back to the session's lock_timeout for the rest of the batch.
+			if _, err = h.queries.SessionSetLockTimeout(ctx, sp, set.Previous); err == nil {
+				return nil, sp.Commit(ctx)
+			}
+		}
+	}
+	// The rollback to the savepoint restores lock_timeout too.
+	if rbErr := sp.Rollback(context.WithoutCancel(ctx)); rbErr != nil {
+		return nil, fmt.Errorf("lock stock: %w (and rolling back: %w)", err, rbErr)
+	}
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "55P03" {
+		return nil, fmt.Errorf("lock stock: %w", err)
+	}
+	got, err := h.queries.StockLockAvailable(ctx, tx, skus)
+	if err != nil {
+		return nil, fmt.Errorf("lock available stock: %w", err)
+	}
+	levels, err := h.queries.StockGetMany(ctx, tx, skus)
+	if err != nil {
+		return nil, fmt.Errorf("read stock: %w", err)
+	}
+	held := map[string]bool{}
+	for _, l := range levels {
+		if !slices.Contains(got, l.Sku) {
+			held[l.Sku] = true
+		}
+	}
+	return held, nil
 }
 
 type pendingCreate struct {

@@ -1,0 +1,125 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/orderconfirm/inboxd/internal/loadgen"
+	"github.com/orderconfirm/inboxd/internal/orders"
+	"github.com/orderconfirm/inboxd/internal/testenv"
+)
+
+// Acceptance: an owner's session holds one stock row of seven locked while
+// orders flow at 30 a second. The other SKUs' orders are confirmed while
+// the lock is held; the locked SKU's orders wait, visibly and without losing
+// attempts, and are confirmed once it is released; nothing is dead or
+// abandoned. LOCK_TEST_SECONDS sets how long the lock is held (10 by
+// default; the README's figure is of a 40-second run).
+func TestALockedStockRowStallsOnlyItsOrders(t *testing.T) {
+	t.Parallel()
+	hold := 10 * time.Second
+	if v := os.Getenv("LOCK_TEST_SECONDS"); v != "" {
+		n, err := strconv.Atoi(v)
+		require.NoError(t, err)
+		hold = time.Duration(n) * time.Second
+	}
+	db, broker := testenv.NewDB(t), testenv.NewBroker(t)
+	require.NoError(t, loadgen.DeclareTopology(broker.URL, "quorum"))
+	b := &e2eBundle{db: db, broker: broker}
+	const skus = 7
+	for i := range skus {
+		_, err := db.Pool.Exec(t.Context(), "INSERT INTO stock (sku, available) VALUES ($1, $2)", fmt.Sprintf("NSKU-%d", i), initialStock)
+		require.NoError(t, err)
+	}
+	startProcess(t, serviceEnv(db, broker))
+
+	// Orders at 30 a second, round robin over the SKUs, from before the lock
+	// until a while after it.
+	const perSecond = 30
+	total := int((hold + 6*time.Second).Seconds() * perSecond)
+	var msgs []loadgen.Message
+	for i := range total {
+		id := fmt.Sprintf("lk-%05d", i)
+		body, _ := json.Marshal(orders.OrderCreated{OrderID: id, UserID: "u", Email: "u@example.com",
+			Items: []orders.Item{{SKU: fmt.Sprintf("NSKU-%d", i%skus), Quantity: 1}}})
+		msgs = append(msgs, loadgen.Message{MessageID: id, RoutingKey: orders.TypeOrderCreated, Body: body})
+	}
+	started := time.Now()
+	published := make(chan error, 1)
+	go func() { published <- loadgen.PublishPaced(t.Context(), broker.URL, msgs, 10, perSecond) }()
+	publishedAt := func(i int) time.Time { return started.Add(time.Duration(i) * time.Second / perSecond) }
+
+	time.Sleep(2 * time.Second)
+	tx, err := db.Pool.Begin(t.Context())
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(context.WithoutCancel(t.Context())) }()
+	_, err = tx.Exec(t.Context(), "SELECT * FROM stock WHERE sku = 'NSKU-1' FOR UPDATE")
+	require.NoError(t, err)
+	lockedAt := time.Now()
+
+	// While it is held, the waiting orders say why.
+	require.Eventually(t, func() bool {
+		return b.count(t, `SELECT count(*) FROM inbox WHERE status = 'pending'
+			AND last_error = 'waiting: stock row NSKU-1 locked by another session'`) > 0
+	}, hold/2, 50*time.Millisecond, "an order of the locked SKU waits with its reason")
+	time.Sleep(time.Until(lockedAt.Add(hold)))
+
+	// Other SKUs' orders published up to a second before the end of the
+	// lock: confirmed while it was held.
+	var others []string
+	for i := range total {
+		if i%skus != 1 && publishedAt(i).Before(lockedAt.Add(hold-time.Second)) {
+			others = append(others, msgs[i].MessageID)
+		}
+	}
+	done := b.count(t, "SELECT count(*) FROM inbox WHERE message_id = ANY($1) AND status = 'processed'", others)
+	lockedDone := b.count(t, `SELECT count(*) FROM inbox WHERE status = 'processed'
+		AND processed_at >= $1 AND convert_from(payload, 'UTF8')::jsonb->'items'->0->>'sku' = 'NSKU-1'`, lockedAt.Add(time.Second))
+	require.NoError(t, tx.Rollback(t.Context()))
+	releasedAt := time.Now()
+
+	require.NoError(t, <-published)
+	b.waitDrained(t, total, time.Minute)
+	require.Zero(t, b.count(t, "SELECT count(*) FROM inbox WHERE status <> 'processed'"), "every order handled")
+	require.Equal(t, total, b.count(t, "SELECT count(*) FROM order_confirmations WHERE status = 'confirmed'"), "every order confirmed")
+	require.Zero(t, b.count(t, "SELECT count(*) FROM inbox_attempts WHERE outcome = 'abandoned'"), "no attempt abandoned")
+	require.Zero(t, b.count(t, "SELECT count(*) FROM inbox_attempts WHERE outcome <> 'processed'"), "no attempt failed: waiting is not one")
+	require.Zero(t, lockedDone, "no order of the locked SKU ran while it was locked")
+	require.GreaterOrEqual(t, float64(done), 0.95*float64(len(others)),
+		"%d of %d other orders confirmed while the lock was held", done, len(others))
+
+	// The figures, for the record (not asserted: tests keep no clock).
+	var lat []time.Duration
+	var lastLocked time.Time
+	rows, err := db.Pool.Query(t.Context(), "SELECT message_id, processed_at FROM inbox")
+	require.NoError(t, err)
+	for rows.Next() {
+		var id string
+		var at time.Time
+		require.NoError(t, rows.Scan(&id, &at))
+		var i int
+		_, _ = fmt.Sscanf(id, "lk-%d", &i)
+		switch {
+		case i%skus == 1 && publishedAt(i).Before(releasedAt):
+			if at.After(lastLocked) {
+				lastLocked = at
+			}
+		case publishedAt(i).After(lockedAt) && publishedAt(i).Before(lockedAt.Add(hold)):
+			lat = append(lat, at.Sub(publishedAt(i)))
+		}
+	}
+	require.NoError(t, rows.Err())
+	slices.Sort(lat)
+	t.Logf("lock held %s: %d of %d other orders confirmed meanwhile; their publish → processed p50 %s, p99 %s, max %s; "+
+		"the locked SKU's last order published while it was held processed %s after the release",
+		hold, done, len(others), lat[len(lat)/2].Round(time.Millisecond), lat[len(lat)*99/100].Round(time.Millisecond),
+		lat[len(lat)-1].Round(time.Millisecond), lastLocked.Sub(releasedAt).Round(time.Millisecond))
+}
