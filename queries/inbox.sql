@@ -53,18 +53,13 @@ WHERE inbox.id IN (
 RETURNING inbox.id, inbox.claimed_at::timestamptz AS claimed_at;
 
 -- name: InboxClaimUnfinished :many
--- InboxClaimUnfinished claims, oldest first, up to max_rows messages whose
--- last claim never recorded an outcome (the process died, or lost its
--- transaction, while handling them), counts an attempt for each, and writes
--- each lost attempt to inbox_attempts as abandoned. A claim younger than
--- lease_seconds is left alone, as its worker may be about to lock the row; a
--- row that a worker has locked is skipped. As in InboxClaimBatch, a message
--- waits while an earlier message of its order is open.
---
--- abandoned_before selects the messages that had an attempt abandoned
--- before this one (true) or not (false): a message abandoned again may be
--- what kills its process, and is handled alone; the others, the victims of
--- a crash that happened to hold them, are taken over as a batch.
+-- InboxClaimUnfinished claims the oldest message whose last claim never
+-- recorded an outcome (the process died, or lost its transaction, while
+-- handling it), counts an attempt for it, and writes the lost attempt to
+-- inbox_attempts as abandoned. A claim younger than lease_seconds is left
+-- alone, as its worker may be about to lock the row; a row that a worker
+-- has locked is skipped. As in InboxClaimBatch, a message waits while an
+-- earlier message of its order is open.
 WITH target AS (
     SELECT i.id, i.message_id, i.attempts, i.replay_count, i.claimed_at, i.claimed_by, i.claimed_build
     FROM inbox i
@@ -77,12 +72,8 @@ WITH target AS (
             AND e.id < i.id
             AND e.status <> 'processed'
       ))
-      AND EXISTS (
-          SELECT 1 FROM inbox_attempts a
-          WHERE a.inbox_id = i.id AND a.run = i.replay_count AND a.outcome = 'abandoned'
-      ) = sqlc.arg(abandoned_before)::boolean
     ORDER BY i.id
-    LIMIT sqlc.arg(max_rows)
+    LIMIT 1
     FOR UPDATE OF i SKIP LOCKED
 ), claimed AS (
     UPDATE inbox

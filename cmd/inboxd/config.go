@@ -10,8 +10,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -184,12 +182,8 @@ func loadConfig(getenv func(string) string, command string) (*config, error) {
 	rp["idle_in_transaction_session_timeout"] = strconv.FormatInt(c.idleInTxTimeout.Milliseconds(), 10)
 	rp["lock_timeout"] = strconv.FormatInt(c.lockTimeout.Milliseconds(), 10)
 	// A context that ends inside a query cancels the query, instead of
-	// closing the connection (pgx's default): the transaction stays usable,
-	// so a batch whose handler ran out of time rolls back to its savepoint
-	// and goes on with its other messages.
-	c.dbConfig.ConnConfig.BuildContextWatcherHandler = func(conn *pgconn.PgConn) ctxwatch.Handler {
-		return &pgconn.CancelRequestContextWatcherHandler{Conn: conn, DeadlineDelay: 5 * time.Second}
-	}
+	// closing the connection.
+	c.dbConfig.ConnConfig.BuildContextWatcherHandler = inbox.CancelQueryOnContextEnd
 	return c, nil
 }
 

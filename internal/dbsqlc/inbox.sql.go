@@ -89,19 +89,15 @@ WITH target AS (
             AND e.id < i.id
             AND e.status <> 'processed'
       ))
-      AND EXISTS (
-          SELECT 1 FROM inbox_attempts a
-          WHERE a.inbox_id = i.id AND a.run = i.replay_count AND a.outcome = 'abandoned'
-      ) = $2::boolean
     ORDER BY i.id
-    LIMIT $3
+    LIMIT 1
     FOR UPDATE OF i SKIP LOCKED
 ), claimed AS (
     UPDATE inbox
     SET attempts = inbox.attempts + 1,
         claimed_at = now(),
-        claimed_by = $4::text,
-        claimed_build = $5::text
+        claimed_by = $2::text,
+        claimed_build = $3::text
     FROM target
     WHERE inbox.id = target.id
     RETURNING inbox.id, inbox.claimed_at
@@ -117,11 +113,9 @@ SELECT id, claimed_at::timestamptz AS claimed_at FROM claimed
 `
 
 type InboxClaimUnfinishedParams struct {
-	LeaseSeconds    float64
-	AbandonedBefore bool
-	MaxRows         int32
-	Process         string
-	Build           string
+	LeaseSeconds float64
+	Process      string
+	Build        string
 }
 
 type InboxClaimUnfinishedRow struct {
@@ -129,26 +123,15 @@ type InboxClaimUnfinishedRow struct {
 	ClaimedAt time.Time
 }
 
-// InboxClaimUnfinished claims, oldest first, up to max_rows messages whose
-// last claim never recorded an outcome (the process died, or lost its
-// transaction, while handling them), counts an attempt for each, and writes
-// each lost attempt to inbox_attempts as abandoned. A claim younger than
-// lease_seconds is left alone, as its worker may be about to lock the row; a
-// row that a worker has locked is skipped. As in InboxClaimBatch, a message
-// waits while an earlier message of its order is open.
-//
-// abandoned_before selects the messages that had an attempt abandoned
-// before this one (true) or not (false): a message abandoned again may be
-// what kills its process, and is handled alone; the others, the victims of
-// a crash that happened to hold them, are taken over as a batch.
+// InboxClaimUnfinished claims the oldest message whose last claim never
+// recorded an outcome (the process died, or lost its transaction, while
+// handling it), counts an attempt for it, and writes the lost attempt to
+// inbox_attempts as abandoned. A claim younger than lease_seconds is left
+// alone, as its worker may be about to lock the row; a row that a worker
+// has locked is skipped. As in InboxClaimBatch, a message waits while an
+// earlier message of its order is open.
 func (q *Queries) InboxClaimUnfinished(ctx context.Context, db DBTX, arg InboxClaimUnfinishedParams) ([]InboxClaimUnfinishedRow, error) {
-	rows, err := db.Query(ctx, inboxClaimUnfinished,
-		arg.LeaseSeconds,
-		arg.AbandonedBefore,
-		arg.MaxRows,
-		arg.Process,
-		arg.Build,
-	)
+	rows, err := db.Query(ctx, inboxClaimUnfinished, arg.LeaseSeconds, arg.Process, arg.Build)
 	if err != nil {
 		return nil, err
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/trace"
 
@@ -141,8 +142,8 @@ type Worker struct {
 	queries *dbsqlc.Queries
 	wake    chan struct{}
 
-	// exclusive is held for writing while a message abandoned more than
-	// once is claimed and handled, and for reading by every other batch.
+	// exclusive is held for writing while a message whose last claim never
+	// ended is claimed and handled, and for reading by every other batch.
 	exclusive sync.RWMutex
 
 	service startstop.Service
@@ -273,41 +274,28 @@ func (w *Worker) runBatch(ctx context.Context) (int, error) {
 	return len(rows), w.work(ctx, c)
 }
 
-// RunUnfinished takes over messages whose last claim never ended (the
-// process died, or lost its database connection, while handling them), and
-// returns how many it claimed. Those abandoned for the first time are
-// claimed and handled as one batch, alongside this Worker's other batches:
-// a crash that happened to hold them says nothing about them. One abandoned
-// before may be what kills its process, so it is handled alone, while no
-// other work of this Worker is in flight: if it kills the process again, it
-// costs no other message an attempt. Once such a message has used up its
-// attempts it is marked dead without running.
+// RunUnfinished claims the oldest message whose last claim never ended (the
+// process died, or lost its database connection, while handling it) and
+// handles it alone, while no other work of this Worker is in flight: if it
+// kills the process again, it costs no other message an attempt. Once such a
+// message has used up its attempts it is marked dead without running. It
+// returns the number of messages claimed, 0 or 1.
 func (w *Worker) RunUnfinished(ctx context.Context) (int, error) {
-	n, err := w.takeOver(ctx, false, w.cfg.BatchSize)
-	if err != nil || n > 0 {
-		return n, err
-	}
 	w.exclusive.Lock()
 	defer w.exclusive.Unlock()
-	return w.takeOver(ctx, true, 1)
+	return w.takeOverOne(ctx)
 }
 
-// takeOver claims up to maxRows unfinished messages, abandoned before or
-// not, and handles them.
-func (w *Worker) takeOver(ctx context.Context, abandonedBefore bool, maxRows int) (int, error) {
-	if !abandonedBefore {
-		w.exclusive.RLock()
-		defer w.exclusive.RUnlock()
-	}
+// takeOverOne claims and handles one unfinished message. The caller holds
+// exclusive for writing.
+func (w *Worker) takeOverOne(ctx context.Context) (int, error) {
 	rows, err := w.queries.InboxClaimUnfinished(ctx, w.pool, dbsqlc.InboxClaimUnfinishedParams{
-		LeaseSeconds:    w.cfg.ClaimLease.Seconds(),
-		AbandonedBefore: abandonedBefore,
-		MaxRows:         int32(maxRows),
-		Process:         w.cfg.Process,
-		Build:           w.cfg.Build,
+		LeaseSeconds: w.cfg.ClaimLease.Seconds(),
+		Process:      w.cfg.Process,
+		Build:        w.cfg.Build,
 	})
 	if err != nil {
-		return 0, fmt.Errorf("claim unfinished messages: %w", err)
+		return 0, fmt.Errorf("claim unfinished message: %w", err)
 	}
 	var c claims
 	for _, r := range rows {
@@ -316,10 +304,17 @@ func (w *Worker) takeOver(ctx context.Context, abandonedBefore bool, maxRows int
 	return len(rows), w.work(ctx, c)
 }
 
+// takeOverSlice bounds how long the takeover holds the worker's other work
+// paused in one go; with more to take over, it lets the batches in line run
+// and goes on.
+const takeOverSlice = time.Second
+
 // takeOverLoop takes over the claims of crashed workers on a timer of its
 // own, every PollInterval, however busy the other goroutines are: a backlog
 // draining never delays a crashed process's messages, and the later
-// messages of their orders, past their lease and a tick.
+// messages of their orders, past their lease and a tick. It handles them one
+// at a time, each alone, but pauses the other work once for a run of them
+// (up to takeOverSlice) rather than once each.
 func (w *Worker) takeOverLoop(fetchCtx, workCtx context.Context) {
 	tick := time.NewTicker(w.cfg.PollInterval)
 	defer tick.Stop()
@@ -330,8 +325,9 @@ func (w *Worker) takeOverLoop(fetchCtx, workCtx context.Context) {
 			return
 		case <-tick.C:
 		}
-		for fetchCtx.Err() == nil {
-			n, err := w.RunUnfinished(workCtx)
+		for more := true; more && fetchCtx.Err() == nil; {
+			var err error
+			more, err = w.takeOverRun(workCtx)
 			if err != nil {
 				failures++
 				delay := retry.Backoff(failures, 100*time.Millisecond, 10*time.Second)
@@ -340,11 +336,22 @@ func (w *Worker) takeOverLoop(fetchCtx, workCtx context.Context) {
 				break
 			}
 			failures = 0
-			if n == 0 {
-				break
-			}
 		}
 	}
+}
+
+// takeOverRun takes over unfinished messages, one at a time, for up to
+// takeOverSlice, and reports whether it stopped with more to do.
+func (w *Worker) takeOverRun(ctx context.Context) (bool, error) {
+	w.exclusive.Lock()
+	defer w.exclusive.Unlock()
+	for end := time.Now().Add(takeOverSlice); time.Now().Before(end); {
+		n, err := w.takeOverOne(ctx)
+		if err != nil || n == 0 {
+			return false, err
+		}
+	}
+	return true, nil
 }
 
 // claims names claimed rows: each by its id and the claimed_at its claim
@@ -613,6 +620,16 @@ func (w *Worker) decide(m Message, out Outcome) decision {
 		return decision{status: StatusPending, lastError: storable(out.Err.Error()),
 			delay: retry.Backoff(m.Attempt, w.cfg.RetryBase, w.cfg.RetryMax)}
 	}
+}
+
+// CancelQueryOnContextEnd is a pgconn.Config.BuildContextWatcherHandler
+// that answers a context ending inside a query by cancelling the query on
+// the server, instead of closing the connection as pgx does by default: the
+// transaction stays usable, so a batch whose handler ran out of time rolls
+// back to its savepoint and goes on with its other messages. A query that
+// ignores the cancel for 5 seconds closes the connection after all.
+func CancelQueryOnContextEnd(conn *pgconn.PgConn) ctxwatch.Handler {
+	return &pgconn.CancelRequestContextWatcherHandler{Conn: conn, DeadlineDelay: 5 * time.Second}
 }
 
 // isLockNotAvailable reports whether err is PostgreSQL's lock_timeout (or a

@@ -420,7 +420,7 @@ func TestWorkerFailureIsBounded(t *testing.T) {
 		require.Len(t, claimed, 1)
 		for i := range maxAttempts - 1 {
 			claimed, err := q.InboxClaimUnfinished(t.Context(), b.db.Pool, dbsqlc.InboxClaimUnfinishedParams{
-				Process: fmt.Sprintf("host/%d", i+2), Build: "v1", MaxRows: 1, AbandonedBefore: i > 0,
+				Process: fmt.Sprintf("host/%d", i+2), Build: "v1",
 			})
 			require.NoError(t, err)
 			require.Len(t, claimed, 1)
@@ -522,6 +522,71 @@ func TestWorkerHandlerTimeout(t *testing.T) {
 	require.Contains(t, *stuck.LastError, "context deadline exceeded")
 	require.Equal(t, inbox.StatusProcessed, readRow(t, b.db.Pool, "m-0").Status)
 	require.Equal(t, inbox.StatusProcessed, readRow(t, b.db.Pool, "m-2").Status)
+}
+
+// Acceptance: a handler stuck inside a query past the handler timeout. The
+// query is cancelled, not the connection: the batch ends within its one
+// timeout, the stuck message has failed one attempt, every other message of
+// the batch is handled, no attempt is abandoned, and another worker goes on
+// meanwhile.
+func TestWorkerHandlerStuckInAQuery(t *testing.T) {
+	t.Parallel()
+	b := setupWorker(t)
+	insertMessages(t, b.db.Pool, 5)
+	cfg, err := pgxpool.ParseConfig(b.db.URL)
+	require.NoError(t, err)
+	cfg.ConnConfig.BuildContextWatcherHandler = inbox.CancelQueryOnContextEnd // as inboxd configures its pools
+
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+
+	stuck := make(chan struct{})
+	var once sync.Once
+	inner := b.handler
+	w, err := inbox.NewWorker(pool, &inbox.WorkerConfig{
+		Logger:         testenv.Logger(t),
+		HandlerTimeout: 2 * time.Second,
+		RetryBase:      time.Hour,
+		RetryMax:       time.Hour,
+		Handler: handlerFunc(func(ctx context.Context, tx pgx.Tx, msgs []inbox.Message) ([]inbox.Outcome, error) {
+			for _, m := range msgs {
+				if m.MessageID == "m-2" {
+					once.Do(func() { close(stuck) })
+					if _, err := tx.Exec(ctx, "SELECT pg_sleep(60)"); err != nil {
+						return nil, err
+					}
+				}
+			}
+			return inner.HandleBatch(ctx, tx, msgs)
+		}),
+	})
+	require.NoError(t, err)
+
+	ran := make(chan error, 1)
+	go func() {
+		_, err := w.RunOnce(t.Context())
+		ran <- err
+	}()
+	<-stuck
+	// Meanwhile another worker handles a message that arrived since.
+	insertOrdered(t, b.db.Pool, "other", "")
+	other := b.newWorker(t, b.db.Pool, inbox.WorkerConfig{})
+	n, err := other.RunOnce(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, 1, n)
+	require.Equal(t, inbox.StatusProcessed, readRow(t, b.db.Pool, "other").Status)
+
+	require.NoError(t, <-ran)
+	r := readRow(t, b.db.Pool, "m-2")
+	require.Equal(t, inbox.StatusPending, r.Status)
+	require.Equal(t, 1, r.Attempts)
+	require.Contains(t, *r.LastError, "canceling statement due to user request")
+	for _, id := range []string{"m-0", "m-1", "m-3", "m-4"} {
+		require.Equal(t, inbox.StatusProcessed, readRow(t, b.db.Pool, id).Status, id)
+	}
+	require.Equal(t, []string{"1 retry"}, b.db.Strings(t,
+		"SELECT format('%s %s', attempt, outcome) FROM inbox_attempts WHERE message_id = 'm-2'"), "one failed attempt, none abandoned")
 }
 
 // insertOrdered stores messages with the given ids and order keys, in order.

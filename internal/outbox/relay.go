@@ -217,9 +217,23 @@ func (r *Relay) session(ctx, workCtx context.Context) error {
 	r.connected.Store(true)
 	r.logger.Info("relay connected to broker")
 
+	// Every PollInterval, busy or not: the claims of relays that died are
+	// taken over while a backlog drains too, and the unroutable count stays
+	// current.
+	housekeep := func() error {
+		r.releaseExpired(ctx)
+		return r.countUnroutable(ch)
+	}
 	poll := time.NewTicker(r.cfg.PollInterval)
 	defer poll.Stop()
 	for {
+		select {
+		case <-poll.C:
+			if err := housekeep(); err != nil {
+				return err
+			}
+		default:
+		}
 		n, err := r.publishBatch(ctx, workCtx, ch, returns)
 		if err != nil {
 			return err
@@ -234,8 +248,7 @@ func (r *Relay) session(ctx, workCtx context.Context) error {
 			return fmt.Errorf("channel closed: %v", amqpErr)
 		case <-r.wake:
 		case <-poll.C:
-			r.releaseExpired(ctx)
-			if err := r.countUnroutable(ch); err != nil {
+			if err := housekeep(); err != nil {
 				return err
 			}
 		}
