@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"os"
 	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
@@ -84,4 +85,51 @@ func TestDisruptivePostgresRestart(t *testing.T) {
 	b.requireExactlyOnce(t, w)
 	require.False(t, p.exited(), "inboxd recovered without a restart")
 	require.Zero(t, b.broker.ReadyMessages(t, inbox.QueueDead), "ingest paused instead of dead-lettering")
+}
+
+// Acceptance: a broker memory alarm (every publishing connection blocked)
+// while orders and a message without an id wait in the queue. Ingest goes
+// on storing and acking on its consuming connection, the dead letter waits
+// on a connection of its own, SIGTERM during the alarm exits within the
+// grace period, and once the alarm clears nothing is lost.
+func TestDisruptiveMemoryAlarm(t *testing.T) {
+	requireDisruptive(t)
+	b := setup(t)
+	out, err := exec.Command("rabbitmqctl", "eval", "vm_memory_monitor:get_vm_memory_high_watermark().").CombinedOutput()
+	require.NoError(t, err, "%s", out)
+	watermark := strings.TrimSpace(string(out))
+	clear := func() { _ = exec.Command("rabbitmqctl", "set_vm_memory_high_watermark", watermark).Run() }
+	t.Cleanup(clear)
+
+	w := loadgen.Generate(loadgen.Spec{Orders: 300, Seed: 13})
+	msgs := append([]loadgen.Message{}, w.Messages[:150]...)
+	msgs = append(msgs, loadgen.Message{RoutingKey: "order.created", Body: loadgen.OrderCreatedBody("o-noid", 1)})
+	msgs = append(msgs, w.Messages[150:]...)
+	require.NoError(t, loadgen.Publish(t.Context(), b.broker.URL, msgs, 100))
+
+	runShell(t, "TEST_RABBITMQ_ALARM_CMD", "rabbitmqctl set_vm_memory_high_watermark 0.000001")
+	require.Eventually(t, func() bool {
+		return exec.Command("rabbitmq-diagnostics", "-q", "check_local_alarms").Run() != nil
+	}, 30*time.Second, 100*time.Millisecond, "the memory alarm is on")
+
+	env := serviceEnv(b.db, b.broker, "INBOX_SHUTDOWN_TIMEOUT=5s", "INBOX_INGEST_BATCH_SIZE=50")
+	p := startProcess(t, env)
+	// The orders before the message without an id are stored (and acked)
+	// though nothing can be published: consuming is not blocked.
+	require.Eventually(t, func() bool { return b.count(t, "SELECT count(*) FROM inbox") >= 100 },
+		30*time.Second, 20*time.Millisecond, "ingest stores during the alarm")
+	took := p.terminate(30 * time.Second)
+	require.Less(t, took, 5*time.Second+2*time.Second, "SIGTERM during the alarm exits within the grace period")
+
+	clear()
+	require.Eventually(t, func() bool {
+		return exec.Command("rabbitmq-diagnostics", "-q", "check_local_alarms").Run() == nil
+	}, 30*time.Second, 100*time.Millisecond, "the memory alarm is off")
+	startProcess(t, env)
+	b.waitDrained(t, w.UniqueMessageIDs, time.Minute)
+	b.requireExactlyOnce(t, w)
+	dead := b.broker.Receive(t, inbox.QueueDead, 1)
+	require.Equal(t, "missing message_id", dead[0].Headers[inbox.HeaderRejectReason])
+	b.requireEventsOnce(t)
+	t.Logf("stopped in %s during the alarm", took)
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/orderconfirm/inboxd/internal/migrate"
 	"github.com/orderconfirm/inboxd/internal/orders"
 	"github.com/orderconfirm/inboxd/internal/outbox"
+	"github.com/orderconfirm/inboxd/internal/startstop"
 	"github.com/orderconfirm/inboxd/internal/statuspage"
 	"github.com/orderconfirm/inboxd/internal/tracing"
 )
@@ -245,15 +246,20 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger, tp *tracing.Pr
 	logger.Info("shutting down", slog.Duration("grace", cfg.shutdownTimeout))
 	stopCtx, cancel := context.WithTimeout(context.Background(), cfg.shutdownTimeout)
 	defer cancel()
+	// The services' work ends a little before the grace does, so that what
+	// they then cut short (a batch rolled back, a broker connection closed
+	// hard) is over within it too.
+	workCtx, cancelWork := context.WithTimeout(stopCtx, cfg.shutdownTimeout-min(time.Second+startstop.AbandonAfter/2, cfg.shutdownTimeout/4))
+	defer cancelWork()
 
-	// Ingest and workers stop together: ingest cancels its consumers and
-	// acks what it has stored; workers finish (or roll back) their batches.
+	// Ingest and workers stop together: ingest stores and acks the batch in
+	// hand; workers finish (or roll back) their batches.
 	var stopping sync.WaitGroup
-	stopping.Go(func() { consumer.Stop(stopCtx) })
-	stopping.Go(func() { worker.Stop(stopCtx) })
-	stopping.Go(func() { relay.Stop(stopCtx) })
+	stopping.Go(func() { consumer.Stop(workCtx) })
+	stopping.Go(func() { worker.Stop(workCtx) })
+	stopping.Go(func() { relay.Stop(workCtx) })
 	if janitorService != nil {
-		stopping.Go(func() { janitorService.Stop(stopCtx) })
+		stopping.Go(func() { janitorService.Stop(workCtx) })
 	}
 	stopping.Wait()
 	stopListener()

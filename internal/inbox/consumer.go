@@ -165,7 +165,11 @@ func (c *Consumer) Start(ctx context.Context) error {
 // consumer. When ctx ends first, the batches in
 // flight are abandoned unacknowledged (the broker redelivers them), and Stop
 // returns once the connection is closed.
-func (c *Consumer) Stop(ctx context.Context) { c.service.Stop(ctx) }
+func (c *Consumer) Stop(ctx context.Context) {
+	if !c.service.Stop(ctx) {
+		c.logger.Error("did not stop within the grace period; left behind")
+	}
+}
 
 func (c *Consumer) run(fetchCtx, workCtx context.Context) {
 	failures := 0
@@ -191,19 +195,24 @@ func (c *Consumer) run(fetchCtx, workCtx context.Context) {
 // session runs one connection: it declares the topology and consumes on one
 // channel until the connection or the channel fails, or until fetchCtx ends.
 func (c *Consumer) session(fetchCtx, workCtx context.Context) error {
-	conn, err := amqp.DialConfig(c.cfg.URL, amqp.Config{
-		Heartbeat: c.cfg.Heartbeat,
-		Locale:    "en_US",
-		Dial:      amqp.DefaultDial(10 * time.Second),
-		Properties: amqp.Table{
-			"connection_name": c.cfg.ConnectionName,
-		},
-	})
+	conn, err := Dial(c.cfg.URL, c.cfg.ConnectionName, c.cfg.Heartbeat)
 	if err != nil {
-		return fmt.Errorf("connect to broker: %w", err)
+		return err
 	}
 	defer func() { _ = conn.Close() }()
 	connClosed := conn.NotifyClose(make(chan *amqp.Error, 1))
+	// Dead letters go out on a connection of their own: under a memory or
+	// disk alarm the broker blocks publishing connections, and this one
+	// carries the acks of everything ingest stores.
+	pubConn, err := Dial(c.cfg.URL, c.cfg.ConnectionName+" dead letters", c.cfg.Heartbeat)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = pubConn.Close() }()
+	pubClosed := pubConn.NotifyClose(make(chan *amqp.Error, 1))
+	// Past the grace period nothing waits on the broker: closing the
+	// connections ends every publish, confirm and read in flight.
+	defer context.AfterFunc(workCtx, func() { CloseHard(conn, pubConn) })()
 
 	ch, err := conn.Channel()
 	if err != nil {
@@ -219,7 +228,7 @@ func (c *Consumer) session(fetchCtx, workCtx context.Context) error {
 	consumed := make(chan struct{})
 	go func() {
 		defer close(consumed)
-		err := c.consume(sessCtx, workCtx, conn)
+		err := c.consume(sessCtx, workCtx, conn, pubConn)
 		if err == nil && fetchCtx.Err() == nil {
 			err = errors.New("consumer stopped")
 		}
@@ -228,11 +237,9 @@ func (c *Consumer) session(fetchCtx, workCtx context.Context) error {
 	c.logger.Info("connected to broker")
 	select {
 	case amqpErr := <-connClosed:
-		if amqpErr == nil {
-			cancel(errors.New("connection closed"))
-		} else {
-			cancel(fmt.Errorf("connection closed: %w", amqpErr))
-		}
+		cancel(closedError("connection", amqpErr))
+	case amqpErr := <-pubClosed:
+		cancel(closedError("dead-letter connection", amqpErr))
 	case <-sessCtx.Done():
 	}
 	<-consumed
@@ -245,7 +252,7 @@ func (c *Consumer) session(fetchCtx, workCtx context.Context) error {
 // consume runs the consuming channel and its batches. Batches are stored one
 // after the other, each after the one before it has committed, so that the
 // inbox's ids follow the order in which the broker delivered the messages.
-func (c *Consumer) consume(sessCtx, workCtx context.Context, conn *amqp.Connection) error {
+func (c *Consumer) consume(sessCtx, workCtx context.Context, conn, pubConn *amqp.Connection) error {
 	ch, err := conn.Channel()
 	if err != nil {
 		return fmt.Errorf("open channel: %w", err)
@@ -257,8 +264,8 @@ func (c *Consumer) consume(sessCtx, workCtx context.Context, conn *amqp.Connecti
 		return fmt.Errorf("set prefetch: %w", err)
 	}
 
-	// Dead letters are published on a channel of their own, in confirm mode.
-	dlch, err := conn.Channel()
+	// Dead letters are published in confirm mode, on the other connection.
+	dlch, err := pubConn.Channel()
 	if err != nil {
 		return fmt.Errorf("open dead-letter channel: %w", err)
 	}
@@ -315,6 +322,14 @@ func (c *Consumer) consume(sessCtx, workCtx context.Context, conn *amqp.Connecti
 			return b.flush(workCtx)
 		}
 	}
+}
+
+// closedError says what closed, and why when the broker said.
+func closedError(what string, amqpErr *amqp.Error) error {
+	if amqpErr == nil {
+		return errors.New(what + " closed")
+	}
+	return fmt.Errorf("%s closed: %w", what, amqpErr)
 }
 
 func (c *Consumer) channelError(chClosed <-chan *amqp.Error, fallback string) error {

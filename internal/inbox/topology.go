@@ -150,12 +150,38 @@ func DrainReturns(returns <-chan amqp.Return) []amqp.Return {
 	}
 }
 
+// Dial opens a connection to the broker at url, named name in the broker's
+// tools, with heartbeat (0 takes the broker's suggestion) detecting half-open
+// links, and a 10-second bound on connecting.
+func Dial(url, name string, heartbeat time.Duration) (*amqp.Connection, error) {
+	conn, err := amqp.DialConfig(url, amqp.Config{
+		Heartbeat:  heartbeat,
+		Locale:     "en_US",
+		Dial:       amqp.DefaultDial(10 * time.Second),
+		Properties: amqp.Table{"connection_name": name},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("connect to broker: %w", err)
+	}
+	return conn, nil
+}
+
+// CloseHard closes conns within half a second, whether the broker answers
+// or not: a connection it blocks (memory or disk alarm) never answers a
+// graceful close. Services call it once their grace period is over.
+func CloseHard(conns ...*amqp.Connection) {
+	deadline := time.Now().Add(500 * time.Millisecond)
+	for _, c := range conns {
+		_ = c.CloseDeadline(deadline)
+	}
+}
+
 // Declare connects to the broker at url, declares the topology with
 // DeclareTopology and disconnects.
 func Declare(url, queueType string) error {
-	conn, err := amqp.DialConfig(url, amqp.Config{Locale: "en_US", Dial: amqp.DefaultDial(10 * time.Second)})
+	conn, err := Dial(url, "inboxd topology", 0)
 	if err != nil {
-		return fmt.Errorf("connect to broker: %w", err)
+		return err
 	}
 	defer func() { _ = conn.Close() }()
 	ch, err := conn.Channel()
@@ -173,9 +199,9 @@ func Declare(url, queueType string) error {
 // and how many the queue holds afterwards: events that still no binding
 // takes come back to it through the alternate exchange.
 func RedeliverUnroutable(ctx context.Context, url string) (moved, left int, err error) {
-	conn, err := amqp.DialConfig(url, amqp.Config{Locale: "en_US", Dial: amqp.DefaultDial(10 * time.Second)})
+	conn, err := Dial(url, "inboxd redeliver-unroutable", 0)
 	if err != nil {
-		return 0, 0, fmt.Errorf("connect to broker: %w", err)
+		return 0, 0, err
 	}
 	defer func() { _ = conn.Close() }()
 	ch, err := conn.Channel()

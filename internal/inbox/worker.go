@@ -191,7 +191,11 @@ func (w *Worker) Start(ctx context.Context) error {
 // commit. When ctx ends first, the in-flight handlers are cancelled and their
 // transactions rolled back (the messages stay pending), and Stop returns once
 // they have.
-func (w *Worker) Stop(ctx context.Context) { w.service.Stop(ctx) }
+func (w *Worker) Stop(ctx context.Context) {
+	if !w.service.Stop(ctx) {
+		w.logger.Error("did not stop within the grace period; left behind")
+	}
+}
 
 func (w *Worker) loop(fetchCtx, workCtx context.Context, n int) {
 	logger := w.logger.With(slog.Int("worker", n))

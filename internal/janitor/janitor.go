@@ -126,7 +126,11 @@ func (j *Janitor) Start(ctx context.Context) error {
 }
 
 // Stop ends the cleanup in progress between two batches and waits for it.
-func (j *Janitor) Stop(ctx context.Context) { j.service.Stop(ctx) }
+func (j *Janitor) Stop(ctx context.Context) {
+	if !j.service.Stop(ctx) {
+		j.logger.Error("did not stop within the grace period; left behind")
+	}
+}
 
 // RunOnce deletes, batch after batch, every row past its retention, and
 // returns how many of each kind it deleted. Between two batches it pauses as

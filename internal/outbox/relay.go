@@ -161,7 +161,11 @@ func (r *Relay) Start(ctx context.Context) error {
 // Stop stops the relay after the batch in flight, or when ctx ends. Rows of
 // an unfinished batch keep their claim and are published again after the
 // lease.
-func (r *Relay) Stop(ctx context.Context) { r.service.Stop(ctx) }
+func (r *Relay) Stop(ctx context.Context) {
+	if !r.service.Stop(ctx) {
+		r.logger.Error("did not stop within the grace period; left behind")
+	}
+}
 
 func (r *Relay) run(ctx, workCtx context.Context) {
 	failures := 0
@@ -187,16 +191,14 @@ func (r *Relay) run(ctx, workCtx context.Context) {
 // session publishes on one connection until it fails or ctx ends; workCtx
 // bounds finishing the batch in flight.
 func (r *Relay) session(ctx, workCtx context.Context) error {
-	conn, err := amqp.DialConfig(r.cfg.URL, amqp.Config{
-		Heartbeat:  r.cfg.Heartbeat,
-		Locale:     "en_US",
-		Dial:       amqp.DefaultDial(10 * time.Second),
-		Properties: amqp.Table{"connection_name": r.cfg.ConnectionName},
-	})
+	conn, err := inbox.Dial(r.cfg.URL, r.cfg.ConnectionName, r.cfg.Heartbeat)
 	if err != nil {
-		return fmt.Errorf("connect to broker: %w", err)
+		return err
 	}
 	defer func() { _ = conn.Close() }()
+	// Past the grace period nothing waits on the broker (a publish blocked
+	// by a memory alarm, say): closing the connection ends it.
+	defer context.AfterFunc(workCtx, func() { inbox.CloseHard(conn) })()
 	ch, err := conn.Channel()
 	if err != nil {
 		return fmt.Errorf("open channel: %w", err)

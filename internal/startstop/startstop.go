@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"time"
 )
 
 // ErrAlreadyStarted is returned by Start on a service that was started.
@@ -41,22 +42,34 @@ func (s *Service) Start(ctx context.Context, run func(fetchCtx, workCtx context.
 	return nil
 }
 
+// AbandonAfter is how long Stop still waits for run to return once it has
+// ended workCtx: a run stuck past that (on a call that ignores its context)
+// is left behind, so that a stop never overruns its grace period by more.
+const AbandonAfter = time.Second
+
 // Stop ends fetchCtx and waits for run to return. When ctx ends first, it
-// ends workCtx as well and waits for run to return then. Stop on a service
-// never started does nothing.
-func (s *Service) Stop(ctx context.Context) {
+// ends workCtx as well and waits for run to return then, for at most
+// AbandonAfter. Stop on a service never started does nothing. It reports
+// whether run returned.
+func (s *Service) Stop(ctx context.Context) bool {
 	s.mu.Lock()
 	stopFetch, cancelWork, done := s.stopFetch, s.cancelWork, s.done
 	s.mu.Unlock()
 	if done == nil {
-		return
+		return true
 	}
+	defer cancelWork()
 	stopFetch()
 	select {
 	case <-done:
+		return true
 	case <-ctx.Done():
-		cancelWork()
-		<-done
 	}
 	cancelWork()
+	select {
+	case <-done:
+		return true
+	case <-time.After(AbandonAfter):
+		return false
+	}
 }

@@ -37,3 +37,16 @@ func TestStopCancelsWorkWhenTheGraceEnds(t *testing.T) {
 	var never startstop.Service
 	never.Stop(t.Context())
 }
+
+func TestStopAbandonsARunThatIgnoresItsContexts(t *testing.T) {
+	t.Parallel()
+	var s startstop.Service
+	release := make(chan struct{})
+	defer close(release)
+	require.NoError(t, s.Start(t.Context(), func(context.Context, context.Context) {
+		<-release // a call that ignores every context
+	}))
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Millisecond)
+	defer cancel()
+	require.False(t, s.Stop(ctx), "Stop returns, reporting the run left behind")
+}
