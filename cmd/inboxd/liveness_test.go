@@ -7,6 +7,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -122,4 +123,39 @@ func TestALockedStockRowStallsOnlyItsOrders(t *testing.T) {
 		"the locked SKU's last order published while it was held processed %s after the release",
 		hold, done, len(others), lat[len(lat)/2].Round(time.Millisecond), lat[len(lat)*99/100].Round(time.Millisecond),
 		lat[len(lat)-1].Round(time.Millisecond), lastLocked.Sub(releasedAt).Round(time.Millisecond))
+}
+
+// Acceptance: 16 bodies of 24 MiB among 100 small orders, with an in-flight
+// budget of 64 MiB: all 16 dead-lettered with their reason, all 100 orders
+// processed. The process's peak resident memory is logged against the
+// budget (a figure, not asserted).
+func TestOversizedBodiesStayWithinTheBudget(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const budget = 64 << 20
+	p := startProcess(t, serviceEnv(b.db, b.broker, fmt.Sprintf("INBOX_INGEST_MAX_INFLIGHT_BYTES=%d", budget)))
+	w := loadgen.Generate(loadgen.Spec{Orders: 100, Seed: 21})
+	var msgs []loadgen.Message
+	for i, m := range w.Messages {
+		msgs = append(msgs, m)
+		if i%6 == 5 && len(msgs) < 100+16 {
+			big := make([]byte, 24<<20)
+			copy(big, `{"orderId":"huge"}`)
+			msgs = append(msgs, loadgen.Message{MessageID: fmt.Sprintf("huge-%d", i), RoutingKey: orders.TypeOrderCreated, Body: big})
+		}
+	}
+	require.NoError(t, loadgen.Publish(t.Context(), b.broker.URL, msgs, 20))
+	b.waitDrained(t, w.UniqueMessageIDs, time.Minute)
+	require.Equal(t, 100, b.count(t, "SELECT count(*) FROM inbox WHERE status = 'processed'"))
+	dead := b.broker.Receive(t, "order-confirmation.dead", 16)
+	for _, d := range dead {
+		require.Contains(t, d.Headers["x-inbox-reject-reason"], "message too large: 25165824 bytes", d.MessageId)
+	}
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
+	require.NoError(t, err)
+	for _, line := range strings.Split(string(status), "\n") {
+		if strings.HasPrefix(line, "VmHWM:") {
+			t.Logf("peak RSS %s against a budget of %d MiB (+64 MiB allowed)", strings.TrimSpace(strings.TrimPrefix(line, "VmHWM:")), budget>>20)
+		}
+	}
 }

@@ -125,6 +125,7 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger, tp *tracing.Pr
 		BatchSize:              cfg.ingestBatchSize,
 		Linger:                 cfg.ingestLinger,
 		Prefetch:               cfg.prefetch,
+		MaxInflightBytes:       cfg.maxInflightBytes,
 		MaxMessageBytes:        cfg.maxMessageBytes,
 		DeriveMissingMessageID: cfg.deriveMessageID,
 		Heartbeat:              cfg.amqpHeartbeat,

@@ -26,6 +26,14 @@ import (
 // MaxMessageIDBytes is the longest message_id (and type) ingest stores.
 const MaxMessageIDBytes = 255
 
+// Defaults of ConsumerConfig.
+const (
+	// MaxMessageBytesDefault is the largest body ingest stores.
+	MaxMessageBytesDefault = 1 << 20
+	// IngestMaxInflightBytesDefault bounds the bodies ingest holds unacked.
+	IngestMaxInflightBytesDefault = 64 << 20
+)
+
 // ConsumerConfig configures a Consumer.
 type ConsumerConfig struct {
 	// URL is the AMQP URL of the broker. Required.
@@ -43,11 +51,18 @@ type ConsumerConfig struct {
 	// Linger is how long a batch that is not full waits for more deliveries
 	// before it is stored. Defaults to 5 milliseconds.
 	Linger time.Duration
+	// MaxInflightBytes bounds the bodies ingest holds at once, received and
+	// not yet acknowledged: it sizes Prefetch, and a batch is stored once
+	// its bodies reach half of it. The bound holds when the broker's own
+	// max_message_size is MaxMessageBytes. Defaults to
+	// IngestMaxInflightBytesDefault (64 MiB).
+	MaxInflightBytes int
 	// Prefetch is the number of unacknowledged deliveries the broker may send
-	// ahead. Defaults to twice BatchSize.
+	// ahead. Defaults to MaxInflightBytes / MaxMessageBytes (64 with the
+	// defaults), and at least 1.
 	Prefetch int
 	// MaxMessageBytes is the largest body stored; larger deliveries are
-	// dead-lettered. Defaults to 1 MiB.
+	// dead-lettered. Defaults to MaxMessageBytesDefault (1 MiB).
 	MaxMessageBytes int
 	// DeriveMissingMessageID, when true, gives a delivery without a
 	// message_id the id "sha256:" + hex(SHA-256(type, NUL, body)), so identical
@@ -97,8 +112,9 @@ func (c *ConsumerConfig) withDefaults() (*ConsumerConfig, error) {
 	out.QueueType = cmp.Or(out.QueueType, QueueTypeQuorum)
 	out.BatchSize = cmp.Or(out.BatchSize, 500)
 	out.Linger = cmp.Or(out.Linger, 5*time.Millisecond)
-	out.Prefetch = cmp.Or(out.Prefetch, 2*out.BatchSize)
-	out.MaxMessageBytes = cmp.Or(out.MaxMessageBytes, 1<<20)
+	out.MaxMessageBytes = cmp.Or(out.MaxMessageBytes, MaxMessageBytesDefault)
+	out.MaxInflightBytes = cmp.Or(out.MaxInflightBytes, IngestMaxInflightBytesDefault)
+	out.Prefetch = cmp.Or(out.Prefetch, min(max(out.MaxInflightBytes/out.MaxMessageBytes, 1), 65535))
 	out.Heartbeat = cmp.Or(out.Heartbeat, 10*time.Second)
 	out.StoreTimeout = cmp.Or(out.StoreTimeout, 10*time.Second)
 	out.Tracer = cmp.Or(out.Tracer, tracing.PropagateOnly())
@@ -107,8 +123,8 @@ func (c *ConsumerConfig) withDefaults() (*ConsumerConfig, error) {
 		return nil, errors.New("consumer: URL is required")
 	case out.QueueType != QueueTypeQuorum && out.QueueType != QueueTypeClassic:
 		return nil, fmt.Errorf("consumer: QueueType must be %q or %q, got %q", QueueTypeQuorum, QueueTypeClassic, out.QueueType)
-	case out.BatchSize < 1, out.Prefetch < 1, out.MaxMessageBytes < 1:
-		return nil, errors.New("consumer: BatchSize, Prefetch and MaxMessageBytes must be positive")
+	case out.BatchSize < 1, out.Prefetch < 1, out.MaxMessageBytes < 1, out.MaxInflightBytes < 1:
+		return nil, errors.New("consumer: BatchSize, Prefetch, MaxMessageBytes and MaxInflightBytes must be positive")
 	case out.Linger <= 0, out.Heartbeat <= 0, out.StoreTimeout <= 0:
 		return nil, errors.New("consumer: Linger, Heartbeat and StoreTimeout must be positive")
 	}
@@ -299,7 +315,13 @@ func (c *Consumer) consume(sessCtx, workCtx context.Context, conn, pubConn *amqp
 			if len(b.deliveries) == 1 {
 				linger.Reset(c.cfg.Linger)
 			}
-			if len(b.deliveries) >= c.cfg.BatchSize {
+			// Stored at once when full, when it holds half of what the
+			// broker may send ahead (the other half keeps coming while it
+			// is stored), when its bodies reach half the budget, or
+			// when it holds a body over the limit (dead-lettered, and so
+			// released, at once).
+			if len(b.deliveries) >= min(c.cfg.BatchSize, max(c.cfg.Prefetch/2, 1)) ||
+				b.bytes >= c.cfg.MaxInflightBytes/2 || len(d.Body) > c.cfg.MaxMessageBytes {
 				linger.Stop()
 				if err := b.flush(workCtx); err != nil {
 					return err
@@ -350,12 +372,22 @@ type batch struct {
 	dlch       *amqp.Channel
 	dlReturns  <-chan amqp.Return
 	deliveries []amqp.Delivery
+	bytes      int // of the deliveries' bodies
 	// stopping is closed when the session ends: a failing store is then not
 	// retried, and its deliveries go back to the queue.
 	stopping <-chan struct{}
 }
 
-func (b *batch) add(d amqp.Delivery) { b.deliveries = append(b.deliveries, d) }
+func (b *batch) add(d amqp.Delivery) {
+	b.deliveries = append(b.deliveries, d)
+	b.bytes += len(d.Body)
+}
+
+// reset empties the batch, letting go of its bodies.
+func (b *batch) reset() {
+	clear(b.deliveries)
+	b.deliveries, b.bytes = b.deliveries[:0], 0
+}
 
 // row is a delivery that can be stored.
 type row struct {
@@ -432,7 +464,7 @@ func (b *batch) flush(ctx context.Context) error {
 			Conflicts:    res.conflicts,
 		})
 	}
-	b.deliveries = b.deliveries[:0]
+	b.reset()
 	if inserted > 0 && c.cfg.OnStored != nil {
 		c.cfg.OnStored()
 	}

@@ -330,8 +330,12 @@ func (w *Worker) takeOverLoop(fetchCtx, workCtx context.Context) {
 		case <-tick.C:
 		}
 		for more := true; more && fetchCtx.Err() == nil; {
+			var taken int
 			var err error
-			more, err = w.takeOverRun(workCtx)
+			taken, more, err = w.takeOverRun(workCtx)
+			if taken > 0 {
+				failures = 0 // the database answers: a failure now is one message's
+			}
 			if err != nil {
 				failures++
 				delay := retry.Backoff(failures, 100*time.Millisecond, 10*time.Second)
@@ -345,17 +349,18 @@ func (w *Worker) takeOverLoop(fetchCtx, workCtx context.Context) {
 }
 
 // takeOverRun takes over unfinished messages, one at a time, for up to
-// takeOverSlice, and reports whether it stopped with more to do.
-func (w *Worker) takeOverRun(ctx context.Context) (bool, error) {
+// takeOverSlice. It returns how many it handled and whether it stopped with
+// more to do.
+func (w *Worker) takeOverRun(ctx context.Context) (taken int, more bool, err error) {
 	w.exclusive.Lock()
 	defer w.exclusive.Unlock()
-	for end := time.Now().Add(takeOverSlice); time.Now().Before(end); {
+	for end := time.Now().Add(takeOverSlice); time.Now().Before(end); taken++ {
 		n, err := w.takeOverOne(ctx)
 		if err != nil || n == 0 {
-			return false, err
+			return taken, false, err
 		}
 	}
-	return true, nil
+	return taken, true, nil
 }
 
 // claims names claimed rows: each by its id and the claimed_at its claim
