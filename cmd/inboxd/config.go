@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -10,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -184,7 +186,7 @@ func loadConfig(getenv func(string) string, command string) (*config, error) {
 func (c *config) parseDatabaseURL(v string) error {
 	cfg, err := pgxpool.ParseConfig(v)
 	if err != nil {
-		return errors.New(redact(err.Error(), v))
+		return secretParseError(v, err)
 	}
 	c.databaseURL, c.dbConfig = v, cfg
 	return nil
@@ -192,10 +194,62 @@ func (c *config) parseDatabaseURL(v string) error {
 
 func (c *config) parseAMQPURL(v string) error {
 	if _, err := amqp.ParseURI(v); err != nil {
-		return errors.New(redact(err.Error(), v))
+		return secretParseError(v, err)
 	}
 	c.amqpURL = v
 	return nil
+}
+
+// urlEncodingHint is what to do about most URLs that do not parse.
+const urlEncodingHint = "percent-encode reserved characters in the user and password: % as %25, # as %23, ? as %3F, @ as %40, / as %2F, : as %3A, [ as %5B"
+
+// secretParseError says why v, a value that may hold a password, does not
+// parse, showing v with its password masked. It quotes nothing of the
+// parser's message: parsers quote the part they could not read, which may
+// be a piece of the password.
+func secretParseError(v string, err error) error {
+	reason := parseProblem(err)
+	if strings.Contains(v, "://") {
+		reason += "; " + urlEncodingHint
+	}
+	return fmt.Errorf("cannot parse `%s`: %s", maskKeyValuePasswords(maskURLPasswords(v)), reason)
+}
+
+// parseProblem describes err, a parser's error, without the text it
+// quotes.
+func parseProblem(err error) string {
+	var escape url.EscapeError
+	var host url.InvalidHostError
+	var pgErr *pgconn.ParseConfigError
+	switch {
+	case errors.As(err, &escape):
+		return "an invalid percent-escape"
+	case errors.As(err, &host):
+		return "an invalid character in the host"
+	case errors.As(err, &pgErr):
+		// "cannot parse `<value>`: <what> (<inner error>)"
+		msg := err.Error()
+		if i := strings.LastIndex(msg, "`: "); i >= 0 {
+			msg = msg[i+3:]
+		}
+		if inner := errors.Unwrap(err); inner != nil {
+			msg = strings.TrimSuffix(msg, " ("+inner.Error()+")") + " (" + parseProblem(inner) + ")"
+		}
+		return unquoted(msg)
+	}
+	var urlErr *url.Error
+	if errors.As(err, &urlErr) {
+		err = urlErr.Err
+	}
+	return unquoted(err.Error())
+}
+
+// unquoted returns msg up to the first text it quotes.
+func unquoted(msg string) string {
+	if i := strings.IndexAny(msg, "\"`"); i >= 0 {
+		msg = strings.TrimRight(msg[:i], " :(")
+	}
+	return cmp.Or(msg, "not valid")
 }
 
 func (c *config) parseHTTPAddr(v string) error {
@@ -208,18 +262,6 @@ func (c *config) parseHTTPAddr(v string) error {
 
 func (c *config) parseLogLevel(v string) error {
 	return c.logLevel.UnmarshalText([]byte(v))
-}
-
-// redact removes the password of URL v from msg.
-func redact(msg, v string) string {
-	u, err := url.Parse(v)
-	if err != nil || u.User == nil {
-		return msg
-	}
-	if pw, ok := u.User.Password(); ok && pw != "" {
-		msg = strings.ReplaceAll(msg, pw, "xxxxx")
-	}
-	return msg
 }
 
 func intVar(p *int, lo, hi int) func(string) error {

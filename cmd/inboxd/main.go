@@ -37,7 +37,16 @@ func main() {
 var errUsage = errors.New("usage: inboxd migrate|serve|redeliver-unroutable|help")
 
 // run is inboxd without the process around it: tests call it directly.
-func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+// Neither its error nor its log holds a password of DATABASE_URL or
+// AMQP_URL, whether they parse or not.
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) (err error) {
+	redactor := newRedactor(getenv("DATABASE_URL"), getenv("AMQP_URL"))
+	defer func() {
+		if err != nil && !errors.Is(err, errUsage) {
+			err = redactedError{err: err, r: redactor}
+		}
+	}()
+	stderr = redactor.writer(stderr)
 	if len(args) != 1 {
 		return errUsage
 	}
@@ -70,7 +79,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	case "redeliver-unroutable":
 		moved, left, err := inbox.RedeliverUnroutable(ctx, cfg.amqpURL)
 		if err != nil {
-			return fmt.Errorf("redeliver unroutable events: %s", redact(err.Error(), cfg.amqpURL))
+			return fmt.Errorf("redeliver unroutable events: %w", err)
 		}
 		fmt.Fprintf(stdout, "redelivered %d events from %s; %d wait there still (no binding takes them yet)\n", moved, inbox.QueueUnroutable, left)
 		return nil

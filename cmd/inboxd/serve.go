@@ -62,7 +62,7 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger, tp *tracing.Pr
 	if err := inbox.Declare(cfg.amqpURL, cfg.queueType); errors.Is(err, inbox.ErrInboxQueueOutdated) || errors.Is(err, inbox.ErrEventsExchangeOutdated) {
 		return err
 	} else if err != nil {
-		logger.Warn("broker not reachable at start, connecting in the background", slog.String("error", redact(err.Error(), cfg.amqpURL)))
+		logger.Warn("broker not reachable at start, connecting in the background", slog.String("error", err.Error()))
 	}
 
 	// Ingest and workers have pools of their own, so neither can starve the
