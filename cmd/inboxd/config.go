@@ -16,6 +16,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/orderconfirm/inboxd/internal/inbox"
+	"github.com/orderconfirm/inboxd/internal/migrate"
 )
 
 // config is the whole configuration of inboxd, read from the environment.
@@ -30,6 +31,8 @@ type config struct {
 	logLevel  slog.Level
 	logFormat string
 	migrate   bool
+	// migrateLockTimeout is the migration session's lock_timeout.
+	migrateLockTimeout time.Duration
 
 	queueType          string
 	ingestBatchSize    int
@@ -88,6 +91,7 @@ func (c *config) settings() []setting {
 		{name: "INBOX_LOG_LEVEL", def: "info", doc: "debug, info, warn or error", apply: c.parseLogLevel},
 		{name: "INBOX_LOG_FORMAT", def: "json", doc: "json or text", apply: oneOf(&c.logFormat, "json", "text")},
 		{name: "INBOX_MIGRATE", def: "true", doc: "serve applies the migrations at start", apply: boolVar(&c.migrate)},
+		{name: "INBOX_MIGRATE_LOCK_TIMEOUT", def: migrate.LockTimeoutDefault.String(), doc: "lock_timeout of the migration session (which has no statement_timeout): how long a migration waits for a lock before it fails", apply: durationVar(&c.migrateLockTimeout, time.Millisecond)},
 		{name: "INBOX_QUEUE_TYPE", def: inbox.QueueTypeQuorum, doc: "type of the declared queues: quorum or classic", apply: oneOf(&c.queueType, inbox.QueueTypeQuorum, inbox.QueueTypeClassic)},
 		{name: "INBOX_INGEST_BATCH_SIZE", def: "500", doc: "most deliveries stored per insert", apply: intVar(&c.ingestBatchSize, 1, 10000)},
 		{name: "INBOX_INGEST_LINGER", def: "5ms", doc: "how long a batch that is not full waits for more deliveries", apply: durationVar(&c.ingestLinger, time.Microsecond)},

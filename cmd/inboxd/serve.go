@@ -28,7 +28,7 @@ import (
 var wrapHandler = func(h inbox.Handler) inbox.Handler { return h }
 
 func migrateUp(ctx context.Context, cfg *config, logger *slog.Logger) error {
-	n, err := migrate.Up(ctx, cfg.dbConfig.ConnConfig, logger)
+	n, err := migrate.UpWithOptions(ctx, cfg.dbConfig.ConnConfig, logger, migrate.Options{LockTimeout: cfg.migrateLockTimeout})
 	if err != nil {
 		return err
 	}
