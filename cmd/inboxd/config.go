@@ -25,7 +25,7 @@ type config struct {
 	dbConfig    *pgxpool.Config
 	amqpURL     string
 	httpAddr    string
-	pprof       bool
+	pprofAddr   string
 	statusPage  bool
 
 	logLevel  slog.Level
@@ -76,7 +76,9 @@ type setting struct {
 	// serveOnly settings are required by serve only (migrate does not
 	// talk to RabbitMQ).
 	serveOnly bool
-	apply     func(v string) error
+	// optional settings may be empty (def is then ""); apply is not called.
+	optional bool
+	apply    func(v string) error
 }
 
 // settings lists every environment variable inboxd reads. The README's
@@ -87,7 +89,7 @@ func (c *config) settings() []setting {
 		{name: "AMQP_URL", doc: "RabbitMQ URL, amqp:// or amqps:// (serve only)", secret: true, serveOnly: true, apply: c.parseAMQPURL},
 		{name: "HTTP_ADDR", def: "127.0.0.1:8080", doc: "address of /healthz, /readyz, /metrics and the status page; keep it private", apply: c.parseHTTPAddr},
 		{name: "INBOX_STATUS_PAGE", def: "true", doc: "serve the read-only status page on HTTP_ADDR at / (JSON under /api/)", apply: boolVar(&c.statusPage)},
-		{name: "INBOX_PPROF", def: "false", doc: "serve Go's profiler on HTTP_ADDR under /debug/pprof/", apply: boolVar(&c.pprof)},
+		{name: "INBOX_PPROF_ADDR", optional: true, doc: "address of Go's profiler (/debug/pprof/), apart from HTTP_ADDR; empty: no profiler. Keep it private", apply: c.parsePprofAddr},
 		{name: "INBOX_LOG_LEVEL", def: "info", doc: "debug, info, warn or error", apply: c.parseLogLevel},
 		{name: "INBOX_LOG_FORMAT", def: "json", doc: "json or text", apply: oneOf(&c.logFormat, "json", "text")},
 		{name: "INBOX_MIGRATE", def: "true", doc: "serve applies the migrations at start", apply: boolVar(&c.migrate)},
@@ -151,7 +153,7 @@ func loadConfig(getenv func(string) string, command string) (*config, error) {
 		if v == "" {
 			v = s.def
 		}
-		if v == "" && s.serveOnly && command == "migrate" {
+		if v == "" && (s.optional || s.serveOnly && command == "migrate") {
 			continue
 		}
 		if v == "" {
@@ -162,6 +164,12 @@ func loadConfig(getenv func(string) string, command string) (*config, error) {
 				return nil, fmt.Errorf("%s is invalid: %w", s.name, err)
 			}
 			return nil, fmt.Errorf("%s is invalid: %q: %w", s.name, v, err)
+		}
+	}
+	// INBOX_PPROF (true: the profiler on HTTP_ADDR) is no longer read.
+	if v := strings.TrimSpace(getenv("INBOX_PPROF")); v != "" {
+		if on, err := strconv.ParseBool(v); err != nil || on {
+			return nil, errors.New("INBOX_PPROF is no longer read: the profiler has a listener of its own now, set INBOX_PPROF_ADDR to its address (e.g. 127.0.0.1:6060) and unset INBOX_PPROF")
 		}
 	}
 	if c.retryMax < c.retryBase {
@@ -261,6 +269,14 @@ func (c *config) parseHTTPAddr(v string) error {
 		return errors.New("want host:port")
 	}
 	c.httpAddr = v
+	return nil
+}
+
+func (c *config) parsePprofAddr(v string) error {
+	if _, _, err := net.SplitHostPort(v); err != nil {
+		return errors.New("want host:port")
+	}
+	c.pprofAddr = v
 	return nil
 }
 

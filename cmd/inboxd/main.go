@@ -138,6 +138,9 @@ Environment:
 		def := s.def
 		if def == "" {
 			def = "(required)"
+			if s.optional {
+				def = "(none)"
+			}
 		}
 		fmt.Fprintf(tw, "  %s\t%s\t%s\n", s.name, def, s.doc)
 	}

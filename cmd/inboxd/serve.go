@@ -202,13 +202,27 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger, tp *tracing.Pr
 			return err
 		}
 	}
-	httpServer := &http.Server{
-		Handler:           newHTTPHandler(workerPool, consumer, relay, m.Registry, statusPage, cfg.pprof),
-		ReadHeaderTimeout: 5 * time.Second,
+	// Readiness pings through a pool of its own, so that a flood of probes
+	// cannot take a connection from the workers.
+	readyPool, err := newPool(ctx, cfg, "ready", 1)
+	if err != nil {
+		return err
 	}
+	defer readyPool.Close()
+	httpServer := newHTTPServer(newHTTPHandler(readyPool, consumer, relay, m.Registry, statusPage), HTTPWriteTimeout)
 	ln, err := net.Listen("tcp", cfg.httpAddr)
 	if err != nil {
 		return fmt.Errorf("listen on HTTP_ADDR: %w", err)
+	}
+	// The profiler listens apart, off HTTP_ADDR, only when asked to.
+	var pprofServer *http.Server
+	var pprofLn net.Listener
+	if cfg.pprofAddr != "" {
+		pprofServer = newHTTPServer(newPprofHandler(), PprofWriteTimeout)
+		if pprofLn, err = net.Listen("tcp", cfg.pprofAddr); err != nil {
+			_ = ln.Close()
+			return fmt.Errorf("listen on INBOX_PPROF_ADDR: %w", err)
+		}
 	}
 
 	var bg sync.WaitGroup
@@ -221,6 +235,14 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger, tp *tracing.Pr
 			logger.Error("HTTP server failed", slog.String("error", err.Error()))
 		}
 	})
+	if pprofServer != nil {
+		bg.Go(func() {
+			if err := pprofServer.Serve(pprofLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				logger.Error("profiler's HTTP server failed", slog.String("error", err.Error()))
+			}
+		})
+		defer func() { _ = pprofServer.Close() }()
+	}
 	if err := worker.Start(ctx); err != nil {
 		return err
 	}
@@ -258,6 +280,9 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger, tp *tracing.Pr
 	stopping.Wait()
 	stopListener()
 	_ = httpServer.Shutdown(stopCtx)
+	if pprofServer != nil {
+		_ = pprofServer.Close()
+	}
 	bg.Wait()
 	logger.Info("stopped", slog.Duration("took", time.Since(started)))
 	return nil
