@@ -19,6 +19,9 @@ import (
 	"github.com/orderconfirm/inboxd/internal/migrate"
 )
 
+// HTTPAddrDefault is HTTP_ADDR's default: loopback only.
+const HTTPAddrDefault = "127.0.0.1:8080"
+
 // config is the whole configuration of inboxd, read from the environment.
 type config struct {
 	databaseURL string
@@ -87,7 +90,7 @@ func (c *config) settings() []setting {
 	return []setting{
 		{name: "DATABASE_URL", doc: "PostgreSQL connection URL or DSN; a search_path parameter selects the schema", secret: true, apply: c.parseDatabaseURL},
 		{name: "AMQP_URL", doc: "RabbitMQ URL, amqp:// or amqps:// (serve only)", secret: true, serveOnly: true, apply: c.parseAMQPURL},
-		{name: "HTTP_ADDR", def: "127.0.0.1:8080", doc: "address of /healthz, /readyz, /metrics and the status page; keep it private", apply: c.parseHTTPAddr},
+		{name: "HTTP_ADDR", def: HTTPAddrDefault, doc: "address of /healthz, /readyz, /metrics and the status page; keep it private", apply: c.parseHTTPAddr},
 		{name: "INBOX_STATUS_PAGE", def: "true", doc: "serve the read-only status page on HTTP_ADDR at / (JSON under /api/)", apply: boolVar(&c.statusPage)},
 		{name: "INBOX_PPROF_ADDR", optional: true, doc: "address of Go's profiler (/debug/pprof/), apart from HTTP_ADDR; empty: no profiler. Keep it private", apply: c.parsePprofAddr},
 		{name: "INBOX_LOG_LEVEL", def: "info", doc: "debug, info, warn or error", apply: c.parseLogLevel},

@@ -52,3 +52,21 @@ func TestSlowClientsAreCutOff(t *testing.T) {
 		})
 	}
 }
+
+// inboxd healthcheck exits 0 while /readyz answers 200, asking an
+// unspecified HTTP_ADDR host on loopback, and non-zero otherwise.
+func TestHealthcheck(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, port, err := net.SplitHostPort(freeAddr(t))
+	require.NoError(t, err)
+	p := startProcess(t, serviceEnv(b.db, b.broker, "HTTP_ADDR=0.0.0.0:"+port))
+	require.Eventually(t, func() bool {
+		_, ok := runInboxd(t, "healthcheck", "HTTP_ADDR=0.0.0.0:"+port)
+		return ok
+	}, 30*time.Second, 100*time.Millisecond, "healthy once ready")
+	p.kill()
+	out, ok := runInboxd(t, "healthcheck", "HTTP_ADDR=0.0.0.0:"+port)
+	require.False(t, ok)
+	require.Contains(t, out, "not ready")
+}
