@@ -12,7 +12,9 @@
 //  5. inboxd's memory over that run;
 //  6. the claim's cost as processed rows pile up (0, 1M, 10M);
 //  7. the same messages through the broker alone, acked and nothing else:
-//     the ceiling (1) is compared with.
+//     the ceiling (1) is compared with;
+//  8. a real inboxd draining a backlog, without and with 200 clients
+//     probing /readyz in a loop: what readiness probes cost the workers.
 //
 // Messages are persistent and published with confirms to a quorum queue.
 //
@@ -80,6 +82,8 @@ type options struct {
 	steadyRate     float64
 	steadyDuration time.Duration
 	claimRows      []int
+	probeClients   int
+	probeMessages  int
 }
 
 // scenarios lists what the suite measures, in the order it runs them.
@@ -93,6 +97,7 @@ var scenarios = []struct {
 	{"domain", benchDomain},
 	{"steady", benchSteady},
 	{"claim", benchClaim},
+	{"probes", benchProbes},
 }
 
 func run(ctx context.Context, args []string, stdout io.Writer) error {
@@ -111,9 +116,11 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.IntVar(&o.skus, "skus", 1000, "distinct SKUs the orders draw from (each stocked so that no order is rejected)")
 	fs.BoolVar(&o.preload, "preload", false, "domain: publish everything before starting inboxd, and time how fast it drains the queue")
 	fs.StringVar(&o.serviceEnv, "env", "", "extra environment for inboxd, comma-separated KEY=VALUE pairs")
-	fs.StringVar(&only, "only", "", "comma-separated scenarios to run: core, passthrough, split, domain, steady, claim (default: all)")
+	fs.StringVar(&only, "only", "", "comma-separated scenarios to run: core, passthrough, split, domain, steady, claim, probes (default: all)")
 	fs.Float64Var(&o.steadyRate, "steady-rate", 1000, "steady: messages per second")
 	fs.DurationVar(&o.steadyDuration, "steady-duration", 5*time.Minute, "steady: how long to publish")
+	fs.IntVar(&o.probeClients, "probe-clients", 200, "probes: concurrent clients sending GET /readyz in a loop")
+	fs.IntVar(&o.probeMessages, "probe-messages", 20_000, "probes: the backlog drained, without and with the probes")
 	fs.StringVar(&claimRows, "claim-rows", "0,1000000,10000000", "claim: processed rows in the inbox at each measurement, ascending")
 	if err := fs.Parse(args); err != nil {
 		return err

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -10,11 +11,16 @@ import (
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/orderconfirm/inboxd/internal/inbox"
+	"github.com/orderconfirm/inboxd/internal/migrate"
 )
+
+// HTTPAddrDefault is HTTP_ADDR's default: loopback only.
+const HTTPAddrDefault = "127.0.0.1:8080"
 
 // config is the whole configuration of inboxd, read from the environment.
 type config struct {
@@ -22,12 +28,14 @@ type config struct {
 	dbConfig    *pgxpool.Config
 	amqpURL     string
 	httpAddr    string
-	pprof       bool
+	pprofAddr   string
 	statusPage  bool
 
 	logLevel  slog.Level
 	logFormat string
 	migrate   bool
+	// migrateLockTimeout is the migration session's lock_timeout.
+	migrateLockTimeout time.Duration
 
 	queueType          string
 	ingestBatchSize    int
@@ -73,7 +81,9 @@ type setting struct {
 	// serveOnly settings are required by serve only (migrate does not
 	// talk to RabbitMQ).
 	serveOnly bool
-	apply     func(v string) error
+	// optional settings may be empty (def is then ""); apply is not called.
+	optional bool
+	apply    func(v string) error
 }
 
 // settings lists every environment variable inboxd reads. The README's
@@ -82,12 +92,13 @@ func (c *config) settings() []setting {
 	return []setting{
 		{name: "DATABASE_URL", doc: "PostgreSQL connection URL or DSN; a search_path parameter selects the schema", secret: true, apply: c.parseDatabaseURL},
 		{name: "AMQP_URL", doc: "RabbitMQ URL, amqp:// or amqps:// (serve only)", secret: true, serveOnly: true, apply: c.parseAMQPURL},
-		{name: "HTTP_ADDR", def: "127.0.0.1:8080", doc: "address of /healthz, /readyz, /metrics and the status page; keep it private", apply: c.parseHTTPAddr},
+		{name: "HTTP_ADDR", def: HTTPAddrDefault, doc: "address of /healthz, /readyz, /metrics and the status page; keep it private", apply: c.parseHTTPAddr},
 		{name: "INBOX_STATUS_PAGE", def: "true", doc: "serve the read-only status page on HTTP_ADDR at / (JSON under /api/)", apply: boolVar(&c.statusPage)},
-		{name: "INBOX_PPROF", def: "false", doc: "serve Go's profiler on HTTP_ADDR under /debug/pprof/", apply: boolVar(&c.pprof)},
+		{name: "INBOX_PPROF_ADDR", optional: true, doc: "address of Go's profiler (/debug/pprof/), apart from HTTP_ADDR; empty: no profiler. Keep it private", apply: c.parsePprofAddr},
 		{name: "INBOX_LOG_LEVEL", def: "info", doc: "debug, info, warn or error", apply: c.parseLogLevel},
 		{name: "INBOX_LOG_FORMAT", def: "json", doc: "json or text", apply: oneOf(&c.logFormat, "json", "text")},
 		{name: "INBOX_MIGRATE", def: "true", doc: "serve applies the migrations at start", apply: boolVar(&c.migrate)},
+		{name: "INBOX_MIGRATE_LOCK_TIMEOUT", def: migrate.LockTimeoutDefault.String(), doc: "lock_timeout of the migration session (which has no statement_timeout): how long a migration waits for a lock before it fails", apply: durationVar(&c.migrateLockTimeout, time.Millisecond)},
 		{name: "INBOX_QUEUE_TYPE", def: inbox.QueueTypeQuorum, doc: "type of the declared queues: quorum or classic", apply: oneOf(&c.queueType, inbox.QueueTypeQuorum, inbox.QueueTypeClassic)},
 		{name: "INBOX_INGEST_BATCH_SIZE", def: "500", doc: "most deliveries stored per insert", apply: intVar(&c.ingestBatchSize, 1, 10000)},
 		{name: "INBOX_INGEST_LINGER", def: "5ms", doc: "how long a batch that is not full waits for more deliveries", apply: durationVar(&c.ingestLinger, time.Microsecond)},
@@ -149,7 +160,7 @@ func loadConfig(getenv func(string) string, command string) (*config, error) {
 		if v == "" {
 			v = s.def
 		}
-		if v == "" && s.serveOnly && command == "migrate" {
+		if v == "" && (s.optional || s.serveOnly && command == "migrate") {
 			continue
 		}
 		if v == "" {
@@ -160,6 +171,12 @@ func loadConfig(getenv func(string) string, command string) (*config, error) {
 				return nil, fmt.Errorf("%s is invalid: %w", s.name, err)
 			}
 			return nil, fmt.Errorf("%s is invalid: %q: %w", s.name, v, err)
+		}
+	}
+	// INBOX_PPROF (true: the profiler on HTTP_ADDR) is no longer read.
+	if v := strings.TrimSpace(getenv("INBOX_PPROF")); v != "" {
+		if on, err := strconv.ParseBool(v); err != nil || on {
+			return nil, errors.New("INBOX_PPROF is no longer read: the profiler has a listener of its own now, set INBOX_PPROF_ADDR to its address (e.g. 127.0.0.1:6060) and unset INBOX_PPROF")
 		}
 	}
 	if c.retryMax < c.retryBase {
@@ -192,7 +209,7 @@ func loadConfig(getenv func(string) string, command string) (*config, error) {
 func (c *config) parseDatabaseURL(v string) error {
 	cfg, err := pgxpool.ParseConfig(v)
 	if err != nil {
-		return errors.New(redact(err.Error(), v))
+		return secretParseError(v, err)
 	}
 	c.databaseURL, c.dbConfig = v, cfg
 	return nil
@@ -200,10 +217,62 @@ func (c *config) parseDatabaseURL(v string) error {
 
 func (c *config) parseAMQPURL(v string) error {
 	if _, err := amqp.ParseURI(v); err != nil {
-		return errors.New(redact(err.Error(), v))
+		return secretParseError(v, err)
 	}
 	c.amqpURL = v
 	return nil
+}
+
+// urlEncodingHint is what to do about most URLs that do not parse.
+const urlEncodingHint = "percent-encode reserved characters in the user and password: % as %25, # as %23, ? as %3F, @ as %40, / as %2F, : as %3A, [ as %5B"
+
+// secretParseError says why v, a value that may hold a password, does not
+// parse, showing v with its password masked. It quotes nothing of the
+// parser's message: parsers quote the part they could not read, which may
+// be a piece of the password.
+func secretParseError(v string, err error) error {
+	reason := parseProblem(err)
+	if strings.Contains(v, "://") {
+		reason += "; " + urlEncodingHint
+	}
+	return fmt.Errorf("cannot parse `%s`: %s", maskKeyValuePasswords(maskURLPasswords(v)), reason)
+}
+
+// parseProblem describes err, a parser's error, without the text it
+// quotes.
+func parseProblem(err error) string {
+	var escape url.EscapeError
+	var host url.InvalidHostError
+	var pgErr *pgconn.ParseConfigError
+	switch {
+	case errors.As(err, &escape):
+		return "an invalid percent-escape"
+	case errors.As(err, &host):
+		return "an invalid character in the host"
+	case errors.As(err, &pgErr):
+		// "cannot parse `<value>`: <what> (<inner error>)"
+		msg := err.Error()
+		if i := strings.LastIndex(msg, "`: "); i >= 0 {
+			msg = msg[i+3:]
+		}
+		if inner := errors.Unwrap(err); inner != nil {
+			msg = strings.TrimSuffix(msg, " ("+inner.Error()+")") + " (" + parseProblem(inner) + ")"
+		}
+		return unquoted(msg)
+	}
+	var urlErr *url.Error
+	if errors.As(err, &urlErr) {
+		err = urlErr.Err
+	}
+	return unquoted(err.Error())
+}
+
+// unquoted returns msg up to the first text it quotes.
+func unquoted(msg string) string {
+	if i := strings.IndexAny(msg, "\"`"); i >= 0 {
+		msg = strings.TrimRight(msg[:i], " :(")
+	}
+	return cmp.Or(msg, "not valid")
 }
 
 func (c *config) parseHTTPAddr(v string) error {
@@ -214,20 +283,16 @@ func (c *config) parseHTTPAddr(v string) error {
 	return nil
 }
 
-func (c *config) parseLogLevel(v string) error {
-	return c.logLevel.UnmarshalText([]byte(v))
+func (c *config) parsePprofAddr(v string) error {
+	if _, _, err := net.SplitHostPort(v); err != nil {
+		return errors.New("want host:port")
+	}
+	c.pprofAddr = v
+	return nil
 }
 
-// redact removes the password of URL v from msg.
-func redact(msg, v string) string {
-	u, err := url.Parse(v)
-	if err != nil || u.User == nil {
-		return msg
-	}
-	if pw, ok := u.User.Password(); ok && pw != "" {
-		msg = strings.ReplaceAll(msg, pw, "xxxxx")
-	}
-	return msg
+func (c *config) parseLogLevel(v string) error {
+	return c.logLevel.UnmarshalText([]byte(v))
 }
 
 func intVar(p *int, lo, hi int) func(string) error {

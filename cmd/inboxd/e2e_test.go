@@ -353,6 +353,8 @@ func TestMain_ConfigurationErrors(t *testing.T) {
 		"BadQueueType":                {map[string]string{"INBOX_QUEUE_TYPE": "stream"}, "must be one of quorum, classic"},
 		"RetryMaxBelowBase":           {map[string]string{"INBOX_RETRY_BASE": "10s", "INBOX_RETRY_MAX": "1s"}, "INBOX_RETRY_MAX is invalid"},
 		"BadHTTPAddr":                 {map[string]string{"HTTP_ADDR": "8080"}, "HTTP_ADDR is invalid"},
+		"BadPprofAddr":                {map[string]string{"INBOX_PPROF_ADDR": "6060"}, "INBOX_PPROF_ADDR is invalid"},
+		"PprofOnHTTPAddr":             {map[string]string{"INBOX_PPROF": "true"}, "INBOX_PPROF is no longer read: the profiler has a listener of its own now, set INBOX_PPROF_ADDR"},
 		"BadMigrateFlag":              {map[string]string{"INBOX_MIGRATE": "maybe"}, "INBOX_MIGRATE is invalid"},
 		"BadMaxMessageBytes":          {map[string]string{"INBOX_MAX_MESSAGE_BYTES": "-1"}, "INBOX_MAX_MESSAGE_BYTES is invalid"},
 		"BadLogLevel":                 {map[string]string{"INBOX_LOG_LEVEL": "loud"}, "INBOX_LOG_LEVEL is invalid"},
@@ -409,6 +411,8 @@ func TestReadmeDocumentsEverySetting(t *testing.T) {
 		def := "required"
 		if s.def != "" {
 			def = "`" + s.def + "`"
+		} else if s.optional {
+			def = "(none)"
 		}
 		require.Contains(t, string(readme), "| `"+s.name+"` | "+def+" |", "README configuration table row for %s", s.name)
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/http/pprof"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -15,15 +16,78 @@ import (
 	"github.com/orderconfirm/inboxd/internal/outbox"
 )
 
+// The HTTP server's timeouts, so that a client that opens connections and
+// stalls (slow headers, a slow body, a response it does not read, an idle
+// keep-alive) holds a connection for a bounded time.
+const (
+	// HTTPReadHeaderTimeout bounds reading a request's headers.
+	HTTPReadHeaderTimeout = 5 * time.Second
+	// HTTPReadTimeout bounds reading a whole request, body included.
+	HTTPReadTimeout = 10 * time.Second
+	// HTTPWriteTimeout bounds a request from the end of its headers to the
+	// end of its response.
+	HTTPWriteTimeout = 30 * time.Second
+	// HTTPIdleTimeout bounds how long a keep-alive connection waits for its
+	// next request.
+	HTTPIdleTimeout = 60 * time.Second
+	// PprofWriteTimeout is the write timeout of the profiler's server: a CPU
+	// profile or trace runs for its seconds parameter (30 by default) first.
+	PprofWriteTimeout = 5 * time.Minute
+)
+
+// ReadyPingInterval is how long /readyz reuses its last PostgreSQL ping:
+// however many probes arrive, readiness pings at most once per interval,
+// over a pool of its own.
+const ReadyPingInterval = time.Second
+
+// readyPingTimeout bounds one readiness ping.
+const readyPingTimeout = 2 * time.Second
+
+// newHTTPServer returns a server for h with the timeouts above.
+func newHTTPServer(h http.Handler, writeTimeout time.Duration) *http.Server {
+	return &http.Server{
+		Handler:           h,
+		ReadHeaderTimeout: HTTPReadHeaderTimeout,
+		ReadTimeout:       HTTPReadTimeout,
+		WriteTimeout:      writeTimeout,
+		IdleTimeout:       HTTPIdleTimeout,
+	}
+}
+
+// postgresCheck pings PostgreSQL for /readyz through a pool of its own (so
+// that probes never take a connection from the service's work), once per
+// ReadyPingInterval at most: concurrent probes share one ping and its
+// result.
+type postgresCheck struct {
+	pool *pgxpool.Pool
+	mu   sync.Mutex
+	at   time.Time
+	err  error
+}
+
+func (c *postgresCheck) check(ctx context.Context) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.at.IsZero() && time.Since(c.at) < ReadyPingInterval {
+		return c.err
+	}
+	// The probe that pings may go away; the others wait for its answer.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), readyPingTimeout)
+	defer cancel()
+	c.err = c.pool.Ping(ctx)
+	c.at = time.Now()
+	return c.err
+}
+
 // newHTTPHandler serves /healthz (the process is alive), /readyz (it can
-// reach PostgreSQL, is consuming from RabbitMQ and its relay is connected),
-// /metrics (Prometheus), the status page at / when statusPage is not nil,
-// and, when withPprof, Go's profiler under /debug/pprof/.
-func newHTTPHandler(pool *pgxpool.Pool, consumer *inbox.Consumer, relay *outbox.Relay, registry *prometheus.Registry, statusPage http.Handler, withPprof bool) http.Handler {
+// reach PostgreSQL through readyPool, is consuming from RabbitMQ and its
+// relay is connected), /metrics (Prometheus) and the status page at / when
+// statusPage is not nil.
+func newHTTPHandler(readyPool *pgxpool.Pool, consumer *inbox.Consumer, relay *outbox.Relay, registry *prometheus.Registry, statusPage http.Handler) http.Handler {
 	mux := http.NewServeMux()
 	if statusPage != nil {
-		// Any method: "GET /" would conflict with the profiler's patterns.
-		// The page answers only GET (and HEAD) itself.
+		// Any method, so that the page answers 405 itself to other methods
+		// than GET and HEAD.
 		mux.Handle("/", statusPage)
 	}
 	mux.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{
@@ -31,22 +95,14 @@ func newHTTPHandler(pool *pgxpool.Pool, consumer *inbox.Consumer, relay *outbox.
 		// (trace ids) of inbox_end_to_end_seconds.
 		EnableOpenMetrics: true,
 	}))
-	if withPprof {
-		mux.HandleFunc("/debug/pprof/", pprof.Index)
-		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	}
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
+	pg := &postgresCheck{pool: readyPool}
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-		ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
-		defer cancel()
 		checks := map[string]string{"postgres": "ok", "rabbitmq": "ok", "relay": "ok"}
 		status := http.StatusOK
-		if err := pool.Ping(ctx); err != nil {
+		if err := pg.check(r.Context()); err != nil {
 			checks["postgres"] = "unreachable"
 			status = http.StatusServiceUnavailable
 		}
@@ -60,6 +116,17 @@ func newHTTPHandler(pool *pgxpool.Pool, consumer *inbox.Consumer, relay *outbox.
 		}
 		writeJSON(w, status, checks)
 	})
+	return mux
+}
+
+// newPprofHandler serves Go's profiler under /debug/pprof/.
+func newPprofHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/pprof/", pprof.Index)
+	mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	return mux
 }
 

@@ -6,6 +6,8 @@
 //	inboxd serve     run ingest, workers and the HTTP endpoint until SIGINT/SIGTERM
 //	inboxd redeliver-unroutable
 //	                 move events no binding took back to order-confirmation.events
+//	inboxd healthcheck
+//	                 exit 0 only if /readyz on HTTP_ADDR answers 200
 //	inboxd help      list the commands and every environment variable
 //
 // All configuration comes from the environment; see `inboxd help`.
@@ -19,6 +21,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"text/tabwriter"
 
@@ -34,10 +37,19 @@ func main() {
 }
 
 // errUsage is returned for a command line inboxd does not understand.
-var errUsage = errors.New("usage: inboxd migrate|serve|redeliver-unroutable|help")
+var errUsage = errors.New("usage: inboxd migrate|serve|redeliver-unroutable|healthcheck|help")
 
 // run is inboxd without the process around it: tests call it directly.
-func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) error {
+// Neither its error nor its log holds a password of DATABASE_URL or
+// AMQP_URL, whether they parse or not.
+func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) (err error) {
+	redactor := newRedactor(getenv("DATABASE_URL"), getenv("AMQP_URL"))
+	defer func() {
+		if err != nil && !errors.Is(err, errUsage) {
+			err = redactedError{err: err, r: redactor}
+		}
+	}()
+	stderr = redactor.writer(stderr)
 	if len(args) != 1 {
 		return errUsage
 	}
@@ -45,6 +57,13 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	case "help", "-h", "--help":
 		printHelp(stdout)
 		return nil
+	case "healthcheck":
+		// Only HTTP_ADDR: the check needs no other setting.
+		addr := strings.TrimSpace(getenv("HTTP_ADDR"))
+		if addr == "" {
+			addr = HTTPAddrDefault
+		}
+		return healthcheck(ctx, addr)
 	case "migrate", "serve", "redeliver-unroutable":
 	default:
 		return errUsage
@@ -70,7 +89,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	case "redeliver-unroutable":
 		moved, left, err := inbox.RedeliverUnroutable(ctx, cfg.amqpURL)
 		if err != nil {
-			return fmt.Errorf("redeliver unroutable events: %s", redact(err.Error(), cfg.amqpURL))
+			return fmt.Errorf("redeliver unroutable events: %w", err)
 		}
 		fmt.Fprintf(stdout, "redelivered %d events from %s; %d wait there still (no binding takes them yet)\n", moved, inbox.QueueUnroutable, left)
 		return nil
@@ -111,6 +130,9 @@ Commands:
             move the events waiting in order-confirmation.unroutable back to
             order-confirmation.events, under their message ids (after binding
             the queues that were missing)
+  healthcheck
+            GET /readyz on HTTP_ADDR (0.0.0.0 is asked on 127.0.0.1) and exit
+            0 only on 200: a container's healthcheck
   help      show this text
 
 Ordering:
@@ -129,6 +151,9 @@ Environment:
 		def := s.def
 		if def == "" {
 			def = "(required)"
+			if s.optional {
+				def = "(none)"
+			}
 		}
 		fmt.Fprintf(tw, "  %s\t%s\t%s\n", s.name, def, s.doc)
 	}

@@ -12,7 +12,9 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
+	"github.com/orderconfirm/inboxd/internal/dbsqlc"
 	"github.com/orderconfirm/inboxd/internal/loadgen"
+	"github.com/orderconfirm/inboxd/internal/orders"
 	"github.com/orderconfirm/inboxd/internal/testenv"
 )
 
@@ -89,6 +91,16 @@ func TestServeAsTheServiceRole(t *testing.T) {
 		"DROP VIEW inbox_overview",
 		"ALTER TABLE inbox DISABLE TRIGGER inbox_replay_update",
 		"DELETE FROM goose_db_version",
+		// Rights inboxd does not use.
+		"DELETE FROM order_confirmations",
+		"DELETE FROM stock",
+		"DELETE FROM stock_reservations",
+		"INSERT INTO stock (sku, available) VALUES ('sneaky', 1)",
+		"UPDATE inbox SET payload = '', message_id = 'x'",
+		"UPDATE outbox SET payload = '{}', idempotency_key = 'x'",
+		"UPDATE order_confirmations SET email = 'x', order_id = 'x'",
+		"UPDATE inbox_attempts SET outcome = 'processed'",
+		"UPDATE stock_reservations SET quantity = 0",
 	)
 }
 
@@ -121,4 +133,54 @@ func TestServeWithoutMigratingChecksTheSchema(t *testing.T) {
 	out, err = cmd.CombinedOutput()
 	require.Error(t, err)
 	require.Regexp(t, `the schema is at migration \d+, this build needs \d+: run inboxd migrate`, string(out))
+}
+
+// Acceptance: inbox_grant_roles() gives each operator login the operators'
+// session defaults and keeps a login's own; an operator session left idle
+// in a transaction that holds inbox rows FOR UPDATE is ended by its
+// timeout, and the workers then handle those rows.
+func TestOperatorSessionIdleInATransactionIsEnded(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.WithoutCancel(t.Context())
+	operatorURL := loginAs(t, b.db, "inbox_operator")
+	login := "inbox_operator_" + b.db.Schema
+	settings := func() []string {
+		return b.db.Strings(t, "SELECT unnest(setconfig) FROM pg_db_role_setting WHERE setrole = $1::regrole AND setdatabase = 0 ORDER BY 1", login)
+	}
+	require.Equal(t, []string{"granted to inbox_operator, inbox_service"}, b.db.Strings(t, "SELECT inbox_grant_roles()"))
+	require.Equal(t, []string{"idle_in_transaction_session_timeout=60s", "lock_timeout=5s", "statement_timeout=30s"}, settings(),
+		"the operators' defaults, on the login")
+	// A login's own setting stays when the roles are granted again.
+	_, err := b.db.Pool.Exec(ctx, "ALTER ROLE "+login+" SET idle_in_transaction_session_timeout = '1s'")
+	require.NoError(t, err)
+	b.db.Strings(t, "SELECT inbox_grant_roles()")
+	require.Equal(t, []string{"idle_in_transaction_session_timeout=1s", "lock_timeout=5s", "statement_timeout=30s"}, settings())
+
+	// Orders in the inbox, locked by an operator's forgotten transaction.
+	w := loadgen.Generate(loadgen.Spec{Orders: 20, Seed: 23})
+	var p dbsqlc.InboxInsertManyParams
+	for _, m := range w.Messages {
+		order := orders.OrderingKey(m.RoutingKey, m.Body)
+		p.MessageIds, p.MessageTypes, p.RoutingKeys = append(p.MessageIds, m.MessageID), append(p.MessageTypes, m.RoutingKey), append(p.RoutingKeys, m.RoutingKey)
+		p.Payloads, p.OrderKeys = append(p.Payloads, m.Body), append(p.OrderKeys, order)
+		p.Traceparents, p.Tracestates = append(p.Traceparents, ""), append(p.Tracestates, "")
+	}
+	_, err = dbsqlc.New().InboxInsertMany(ctx, b.db.Pool, p)
+	require.NoError(t, err)
+	op, err := pgx.Connect(ctx, operatorURL)
+	require.NoError(t, err)
+	defer func() { _ = op.Close(ctx) }()
+	tx, err := op.Begin(ctx)
+	require.NoError(t, err)
+	locked := 0
+	require.NoError(t, tx.QueryRow(ctx, "SELECT count(*) FROM (SELECT id FROM inbox FOR UPDATE) l").Scan(&locked))
+	require.Equal(t, len(w.Messages), locked)
+
+	runInProcess(t, serviceEnv(b.db, b.broker))
+	require.Eventually(t, func() bool {
+		return b.count(t, "SELECT count(*) FROM order_confirmations WHERE status = 'confirmed'") == len(w.OrderIDs)
+	}, 30*time.Second, 50*time.Millisecond, "the workers handle the rows once the operator's session is ended")
+	_, err = tx.Exec(ctx, "SELECT 1")
+	require.Error(t, err, "the idle transaction was ended")
 }

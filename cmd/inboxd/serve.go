@@ -29,7 +29,7 @@ import (
 var wrapHandler = func(h inbox.Handler) inbox.Handler { return h }
 
 func migrateUp(ctx context.Context, cfg *config, logger *slog.Logger) error {
-	n, err := migrate.Up(ctx, cfg.dbConfig.ConnConfig, logger)
+	n, err := migrate.UpWithOptions(ctx, cfg.dbConfig.ConnConfig, logger, migrate.Options{LockTimeout: cfg.migrateLockTimeout})
 	if err != nil {
 		return err
 	}
@@ -63,7 +63,7 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger, tp *tracing.Pr
 	if err := inbox.Declare(cfg.amqpURL, cfg.queueType); errors.Is(err, inbox.ErrInboxQueueOutdated) || errors.Is(err, inbox.ErrEventsExchangeOutdated) {
 		return err
 	} else if err != nil {
-		logger.Warn("broker not reachable at start, connecting in the background", slog.String("error", redact(err.Error(), cfg.amqpURL)))
+		logger.Warn("broker not reachable at start, connecting in the background", slog.String("error", err.Error()))
 	}
 
 	// Ingest and workers have pools of their own, so neither can starve the
@@ -204,13 +204,27 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger, tp *tracing.Pr
 			return err
 		}
 	}
-	httpServer := &http.Server{
-		Handler:           newHTTPHandler(workerPool, consumer, relay, m.Registry, statusPage, cfg.pprof),
-		ReadHeaderTimeout: 5 * time.Second,
+	// Readiness pings through a pool of its own, so that a flood of probes
+	// cannot take a connection from the workers.
+	readyPool, err := newPool(ctx, cfg, "ready", 1)
+	if err != nil {
+		return err
 	}
+	defer readyPool.Close()
+	httpServer := newHTTPServer(newHTTPHandler(readyPool, consumer, relay, m.Registry, statusPage), HTTPWriteTimeout)
 	ln, err := net.Listen("tcp", cfg.httpAddr)
 	if err != nil {
 		return fmt.Errorf("listen on HTTP_ADDR: %w", err)
+	}
+	// The profiler listens apart, off HTTP_ADDR, only when asked to.
+	var pprofServer *http.Server
+	var pprofLn net.Listener
+	if cfg.pprofAddr != "" {
+		pprofServer = newHTTPServer(newPprofHandler(), PprofWriteTimeout)
+		if pprofLn, err = net.Listen("tcp", cfg.pprofAddr); err != nil {
+			_ = ln.Close()
+			return fmt.Errorf("listen on INBOX_PPROF_ADDR: %w", err)
+		}
 	}
 
 	var bg sync.WaitGroup
@@ -223,6 +237,14 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger, tp *tracing.Pr
 			logger.Error("HTTP server failed", slog.String("error", err.Error()))
 		}
 	})
+	if pprofServer != nil {
+		bg.Go(func() {
+			if err := pprofServer.Serve(pprofLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				logger.Error("profiler's HTTP server failed", slog.String("error", err.Error()))
+			}
+		})
+		defer func() { _ = pprofServer.Close() }()
+	}
 	if err := worker.Start(ctx); err != nil {
 		return err
 	}
@@ -265,6 +287,9 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger, tp *tracing.Pr
 	stopping.Wait()
 	stopListener()
 	_ = httpServer.Shutdown(stopCtx)
+	if pprofServer != nil {
+		_ = pprofServer.Close()
+	}
 	bg.Wait()
 	logger.Info("stopped", slog.Duration("took", time.Since(started)))
 	return nil

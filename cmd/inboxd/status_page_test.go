@@ -12,15 +12,15 @@ import (
 )
 
 // inboxd serves the status page and its JSON on HTTP_ADDR, next to
-// /metrics and the profiler, reporting its own state; INBOX_STATUS_PAGE=false
+// /metrics, with the profiler on an address of its own, reporting its own state; INBOX_STATUS_PAGE=false
 // leaves / as 404.
 func TestStatusPageServed(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 
 	t.Run("On", func(t *testing.T) {
-		addr := freeAddr(t)
-		startProcess(t, serviceEnv(b.db, b.broker, "HTTP_ADDR="+addr, "INBOX_PPROF=true"))
+		addr, pprofAddr := freeAddr(t), freeAddr(t)
+		startProcess(t, serviceEnv(b.db, b.broker, "HTTP_ADDR="+addr, "INBOX_PPROF_ADDR="+pprofAddr))
 		require.Eventually(t, func() bool {
 			status, _ := httpGet(t, "http://"+addr+"/readyz")
 			return status == http.StatusOK
@@ -61,8 +61,10 @@ func TestStatusPageServed(t *testing.T) {
 		require.Contains(t, body, `data-table="attempts"`)
 		status, _ = httpGet(t, "http://"+addr+"/metrics")
 		require.Equal(t, http.StatusOK, status, "/metrics still served")
+		status, _ = httpGet(t, "http://"+pprofAddr+"/debug/pprof/")
+		require.Equal(t, http.StatusOK, status, "the profiler on its own address")
 		status, _ = httpGet(t, "http://"+addr+"/debug/pprof/")
-		require.Equal(t, http.StatusOK, status, "the profiler too")
+		require.Equal(t, http.StatusNotFound, status, "and not on HTTP_ADDR")
 		resp, err := http.Post("http://"+addr+"/", "text/plain", nil)
 		require.NoError(t, err)
 		_ = resp.Body.Close()

@@ -2,6 +2,7 @@
 package migrate
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -9,6 +10,8 @@ import (
 	"hash/crc64"
 	"io/fs"
 	"log/slog"
+	"strconv"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -19,19 +22,56 @@ import (
 	"github.com/orderconfirm/inboxd/migrations"
 )
 
+// LockTimeoutDefault is the lock_timeout of the migration session: how
+// long one statement of a migration waits for a lock (a table's, or the
+// end of older transactions that CREATE INDEX CONCURRENTLY waits for)
+// before the migration fails, instead of holding up every query queued
+// behind it.
+const LockTimeoutDefault = 10 * time.Second
+
+// Options tune Up.
+type Options struct {
+	// LockTimeout bounds every lock wait of the migration session. Defaults
+	// to LockTimeoutDefault.
+	LockTimeout time.Duration
+}
+
 // Up applies every pending migration to the schema that connConfig's
-// search_path selects, and returns the number applied.
+// search_path selects, and returns the number applied. It is UpWithOptions
+// with the default options.
+func Up(ctx context.Context, connConfig *pgx.ConnConfig, logger *slog.Logger) (int, error) {
+	return UpWithOptions(ctx, connConfig, logger, Options{})
+}
+
+// UpWithOptions applies every pending migration to the schema that
+// connConfig's search_path selects, and returns the number applied.
+//
+// The migration session has no statement_timeout (connConfig's is
+// replaced by 0), so that building an index on a large table completes,
+// and a lock_timeout of opts.LockTimeout. A concurrent index build that
+// fails leaves an INVALID index behind, which CREATE INDEX CONCURRENTLY IF
+// NOT EXISTS would then skip forever: Up returns an *InvalidIndexError,
+// before and after migrating, while the schema has one. A concurrent index
+// of an applied migration that is missing (dropped to fix an INVALID one)
+// is built again.
 //
 // Replicas starting together are safe: goose holds a PostgreSQL session-level
 // advisory lock while it migrates. The lock id is derived from the database and
 // schema, so deployments in different schemas of one database do not wait for
 // each other.
-func Up(ctx context.Context, connConfig *pgx.ConnConfig, logger *slog.Logger) (int, error) {
-	db := stdlib.OpenDB(*connConfig)
+func UpWithOptions(ctx context.Context, connConfig *pgx.ConnConfig, logger *slog.Logger, opts Options) (int, error) {
+	opts.LockTimeout = cmp.Or(opts.LockTimeout, LockTimeoutDefault)
+	cc := connConfig.Copy()
+	cc.RuntimeParams["statement_timeout"] = "0"
+	cc.RuntimeParams["lock_timeout"] = strconv.FormatInt(opts.LockTimeout.Milliseconds(), 10)
+	db := stdlib.OpenDB(*cc)
 	defer db.Close()
 
 	lockID, err := lockID(ctx, db)
 	if err != nil {
+		return 0, err
+	}
+	if err := checkIndexes(ctx, db); err != nil {
 		return 0, err
 	}
 	locker, err := lock.NewPostgresSessionLocker(
@@ -48,14 +88,30 @@ func Up(ctx context.Context, connConfig *pgx.ConnConfig, logger *slog.Logger) (i
 		return 0, fmt.Errorf("create migration provider: %w", err)
 	}
 	results, err := provider.Up(ctx)
-	if err != nil {
-		return 0, fmt.Errorf("apply migrations: %w", err)
-	}
 	for _, r := range results {
+		if r.Error != nil {
+			continue
+		}
 		logger.InfoContext(ctx, "migration applied",
 			slog.Int64("version", r.Source.Version),
 			slog.String("file", r.Source.Path),
 			slog.Duration("duration", r.Duration))
+	}
+	if err != nil {
+		var pgErr *pgconn.PgError
+		if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available
+			err = fmt.Errorf("%w (a session held a lock the migration needs for longer than its lock_timeout of %s; find it in pg_locks and pg_stat_activity, then run inboxd migrate again)", err, opts.LockTimeout)
+		}
+		if idxErr := checkIndexes(ctx, db); idxErr != nil {
+			return 0, fmt.Errorf("apply migrations: %w; %w", err, idxErr)
+		}
+		return 0, fmt.Errorf("apply migrations: %w", err)
+	}
+	if err := rebuildMissingIndexes(ctx, db, logger); err != nil {
+		return len(results), err
+	}
+	if err := checkIndexes(ctx, db); err != nil {
+		return len(results), err
 	}
 	return len(results), nil
 }
@@ -74,7 +130,8 @@ func lockID(ctx context.Context, db *sql.DB) (int64, error) {
 }
 
 // Check returns an error unless the schema that connConfig's search_path
-// selects has every migration of this build applied. A serve that does not
+// selects has every migration of this build applied and no INVALID index
+// (an *InvalidIndexError). A serve that does not
 // migrate (its role may not) checks this first, so that running a build
 // against a schema it does not know fails at once, with what to do. Only
 // the version table is read: any role that can read it can check.
@@ -99,7 +156,7 @@ func Check(ctx context.Context, connConfig *pgx.ConnConfig) error {
 	case have < want:
 		return fmt.Errorf("the schema is at migration %d, this build needs %d: run inboxd migrate (as the schema's owner)", have, want)
 	}
-	return nil
+	return invalidIndexes(ctx, conn)
 }
 
 // Latest returns the version of the newest embedded migration.

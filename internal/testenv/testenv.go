@@ -201,7 +201,9 @@ func NewDB(tb testing.TB) *DB {
 
 	connConfig, err := pgx.ParseConfig(dbURL)
 	require.NoError(tb, err)
-	_, err = migrate.Up(ctx, connConfig, discardLogger())
+	// Other tests' long transactions in the database hold up a concurrent
+	// index build (it waits for every older transaction).
+	_, err = migrate.UpWithOptions(ctx, connConfig, discardLogger(), migrate.Options{LockTimeout: 5 * time.Minute})
 	require.NoError(tb, err)
 
 	pool, err := pgxpool.New(ctx, dbURL)

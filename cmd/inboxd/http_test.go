@@ -1,0 +1,72 @@
+package main
+
+import (
+	"io"
+	"net"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// Acceptance: a client that opens a connection and stalls, in its headers
+// or in the body they announce, is cut off by the server's timeouts, and
+// the endpoint keeps answering others meanwhile.
+func TestSlowClientsAreCutOff(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	addr := freeAddr(t)
+	startProcess(t, serviceEnv(b.db, b.broker, "HTTP_ADDR="+addr))
+	require.Eventually(t, func() bool {
+		status, _ := httpGet(t, "http://"+addr+"/readyz")
+		return status == http.StatusOK
+	}, 30*time.Second, 50*time.Millisecond)
+
+	for name, tc := range map[string]struct {
+		sent   string
+		within time.Duration
+	}{
+		"PartialHeader": {"GET /readyz HTTP/1.1\r\nHost: inboxd\r\nX-Slow: ", HTTPReadHeaderTimeout},
+		"StalledBody":   {"GET /readyz HTTP/1.1\r\nHost: inboxd\r\nContent-Length: 1000\r\n\r\n{\"partial\":", HTTPReadTimeout},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			conn, err := net.Dial("tcp", addr)
+			require.NoError(t, err)
+			defer conn.Close()
+			started := time.Now()
+			_, err = io.WriteString(conn, tc.sent)
+			require.NoError(t, err)
+			status, _ := httpGet(t, "http://"+addr+"/healthz")
+			require.Equal(t, http.StatusOK, status, "others are served meanwhile")
+
+			// The server closes the connection (perhaps after an error
+			// response) within its timeout; give up well after it.
+			require.NoError(t, conn.SetReadDeadline(time.Now().Add(tc.within+5*time.Second)))
+			_, err = io.Copy(io.Discard, conn)
+			require.NoError(t, err, "the server closed the connection, not the test's deadline")
+			took := time.Since(started)
+			require.Less(t, took, tc.within+2*time.Second)
+			t.Logf("cut off after %s", took.Round(time.Millisecond))
+		})
+	}
+}
+
+// inboxd healthcheck exits 0 while /readyz answers 200, asking an
+// unspecified HTTP_ADDR host on loopback, and non-zero otherwise.
+func TestHealthcheck(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	_, port, err := net.SplitHostPort(freeAddr(t))
+	require.NoError(t, err)
+	p := startProcess(t, serviceEnv(b.db, b.broker, "HTTP_ADDR=0.0.0.0:"+port))
+	require.Eventually(t, func() bool {
+		_, ok := runInboxd(t, "healthcheck", "HTTP_ADDR=0.0.0.0:"+port)
+		return ok
+	}, 30*time.Second, 100*time.Millisecond, "healthy once ready")
+	p.kill()
+	out, ok := runInboxd(t, "healthcheck", "HTTP_ADDR=0.0.0.0:"+port)
+	require.False(t, ok)
+	require.Contains(t, out, "not ready")
+}
