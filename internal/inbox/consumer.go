@@ -31,7 +31,7 @@ const (
 	// MaxMessageBytesDefault is the largest body ingest stores.
 	MaxMessageBytesDefault = 1 << 20
 	// IngestMaxInflightBytesDefault bounds the bodies ingest holds unacked.
-	IngestMaxInflightBytesDefault = 64 << 20
+	IngestMaxInflightBytesDefault = 256 << 20
 )
 
 // ConsumerConfig configures a Consumer.
@@ -55,10 +55,10 @@ type ConsumerConfig struct {
 	// not yet acknowledged: it sizes Prefetch, and a batch is stored once
 	// its bodies reach half of it. The bound holds when the broker's own
 	// max_message_size is MaxMessageBytes. Defaults to
-	// IngestMaxInflightBytesDefault (64 MiB).
+	// IngestMaxInflightBytesDefault (256 MiB).
 	MaxInflightBytes int
 	// Prefetch is the number of unacknowledged deliveries the broker may send
-	// ahead. Defaults to MaxInflightBytes / MaxMessageBytes (64 with the
+	// ahead. Defaults to MaxInflightBytes / MaxMessageBytes (256 with the
 	// defaults), and at least 1.
 	Prefetch int
 	// MaxMessageBytes is the largest body stored; larger deliveries are
