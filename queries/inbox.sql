@@ -200,3 +200,14 @@ WITH d AS (
         last_seen_at = now()
 )
 SELECT message_id::text AS message_id, stored_sha256, conflicting_sha256, deliveries FROM c;
+
+-- name: InboxHasUnfinished :one
+-- InboxHasUnfinished reports whether a message waits to be taken over (see
+-- InboxClaimUnfinished), without locking anything: the worker pauses its
+-- other work for a takeover only when there is one.
+SELECT EXISTS (
+    SELECT 1 FROM inbox
+    WHERE status = 'pending'
+      AND next_attempt_at <= now()
+      AND claimed_at < now() - make_interval(secs => sqlc.arg(lease_seconds)::float8)
+)::boolean AS has_unfinished;

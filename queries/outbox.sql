@@ -49,7 +49,8 @@ WHERE outbox.id = c.id
         AND e.id NOT IN (SELECT id FROM candidate)
   ))
 RETURNING outbox.id, outbox.idempotency_key, outbox.routing_key, outbox.payload::text AS payload, outbox.created_at, outbox.attempts,
-          coalesce(outbox.traceparent, '') AS traceparent, coalesce(outbox.tracestate, '') AS tracestate;
+          coalesce(outbox.traceparent, '') AS traceparent, coalesce(outbox.tracestate, '') AS tracestate,
+          coalesce(outbox.order_key, '') AS order_key;
 
 -- name: OutboxReleaseExpired :execrows
 -- OutboxReleaseExpired ends the claims older than lease_seconds, those of

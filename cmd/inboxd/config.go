@@ -200,9 +200,6 @@ func loadConfig(getenv func(string) string, command string) (*config, error) {
 	rp["statement_timeout"] = strconv.FormatInt(c.statementTimeout.Milliseconds(), 10)
 	rp["idle_in_transaction_session_timeout"] = strconv.FormatInt(c.idleInTxTimeout.Milliseconds(), 10)
 	rp["lock_timeout"] = strconv.FormatInt(c.lockTimeout.Milliseconds(), 10)
-	// A context that ends inside a query cancels the query, instead of
-	// closing the connection.
-	c.dbConfig.ConnConfig.BuildContextWatcherHandler = inbox.CancelQueryOnContextEnd
 	return c, nil
 }
 

@@ -73,17 +73,17 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger, tp *tracing.Pr
 	if err != nil {
 		return err
 	}
-	defer ingestPool.Close()
+	defer closePool(ingestPool)
 	workerPool, err := newPool(ctx, cfg, "worker", cfg.workers+1)
 	if err != nil {
 		return err
 	}
-	defer workerPool.Close()
+	defer closePool(workerPool)
 	relayPool, err := newPool(ctx, cfg, "relay", 4)
 	if err != nil {
 		return err
 	}
-	defer relayPool.Close()
+	defer closePool(relayPool)
 
 	// Scrapes read the database through the relay's pool: it is small, busy
 	// only in bursts, and not on the path of ingest or the workers.
@@ -187,7 +187,7 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger, tp *tracing.Pr
 		if err != nil {
 			return err
 		}
-		defer statusPool.Close()
+		defer closePool(statusPool)
 		statusPage, err = statuspage.New(statusPool, &statuspage.Config{
 			Logger:  logger,
 			Build:   build,
@@ -210,7 +210,7 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger, tp *tracing.Pr
 	if err != nil {
 		return err
 	}
-	defer readyPool.Close()
+	defer closePool(readyPool)
 	httpServer := newHTTPServer(newHTTPHandler(readyPool, consumer, relay, m.Registry, statusPage), HTTPWriteTimeout)
 	ln, err := net.Listen("tcp", cfg.httpAddr)
 	if err != nil {
@@ -299,9 +299,29 @@ func newPool(ctx context.Context, cfg *config, name string, maxConns int) (*pgxp
 	pc := cfg.dbConfig.Copy()
 	pc.MaxConns = int32(maxConns)
 	pc.ConnConfig.RuntimeParams["application_name"] += " " + name
+	// A context that ends inside a query cancels the query instead of
+	// closing the connection. Not for the LISTEN and lock sessions, which
+	// wait idle: an idle backend ignores a cancel, and they would notice
+	// their context only after the handler's 5-second deadline.
+	pc.ConnConfig.BuildContextWatcherHandler = inbox.CancelQueryOnContextEnd
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		return nil, fmt.Errorf("create %s pool: %w", name, err)
 	}
 	return pool, nil
+}
+
+// closePool closes pool, giving up after a second: a connection held by work
+// that was left behind after the grace period (see startstop.AbandonAfter)
+// never comes back, and pgxpool's Close waits for every one.
+func closePool(pool *pgxpool.Pool) {
+	closed := make(chan struct{})
+	go func() {
+		pool.Close()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+	case <-time.After(time.Second):
+	}
 }

@@ -228,6 +228,25 @@ func (q *Queries) InboxCompleteMany(ctx context.Context, db DBTX, arg InboxCompl
 	return err
 }
 
+const inboxHasUnfinished = `-- name: InboxHasUnfinished :one
+SELECT EXISTS (
+    SELECT 1 FROM inbox
+    WHERE status = 'pending'
+      AND next_attempt_at <= now()
+      AND claimed_at < now() - make_interval(secs => $1::float8)
+)::boolean AS has_unfinished
+`
+
+// InboxHasUnfinished reports whether a message waits to be taken over (see
+// InboxClaimUnfinished), without locking anything: the worker pauses its
+// other work for a takeover only when there is one.
+func (q *Queries) InboxHasUnfinished(ctx context.Context, db DBTX, leaseSeconds float64) (bool, error) {
+	row := db.QueryRow(ctx, inboxHasUnfinished, leaseSeconds)
+	var has_unfinished bool
+	err := row.Scan(&has_unfinished)
+	return has_unfinished, err
+}
+
 const inboxInsertMany = `-- name: InboxInsertMany :many
 INSERT INTO inbox (message_id, message_type, routing_key, payload, order_key, traceparent, tracestate)
 SELECT m.message_id, m.message_type, m.routing_key, m.payload, nullif(m.order_key, ''),

@@ -34,7 +34,8 @@ WHERE outbox.id = c.id
         AND e.id NOT IN (SELECT id FROM candidate)
   ))
 RETURNING outbox.id, outbox.idempotency_key, outbox.routing_key, outbox.payload::text AS payload, outbox.created_at, outbox.attempts,
-          coalesce(outbox.traceparent, '') AS traceparent, coalesce(outbox.tracestate, '') AS tracestate
+          coalesce(outbox.traceparent, '') AS traceparent, coalesce(outbox.tracestate, '') AS tracestate,
+          coalesce(outbox.order_key, '') AS order_key
 `
 
 type OutboxClaimBatchRow struct {
@@ -46,6 +47,7 @@ type OutboxClaimBatchRow struct {
 	Attempts       int32
 	Traceparent    string
 	Tracestate     string
+	OrderKey       string
 }
 
 // OutboxClaimBatch claims up to max_rows unpublished, unclaimed rows that are
@@ -77,6 +79,7 @@ func (q *Queries) OutboxClaimBatch(ctx context.Context, db DBTX, maxRows int32) 
 			&i.Attempts,
 			&i.Traceparent,
 			&i.Tracestate,
+			&i.OrderKey,
 		); err != nil {
 			return nil, err
 		}

@@ -352,6 +352,11 @@ func (w *Worker) takeOverLoop(fetchCtx, workCtx context.Context) {
 // takeOverSlice. It returns how many it handled and whether it stopped with
 // more to do.
 func (w *Worker) takeOverRun(ctx context.Context) (taken int, more bool, err error) {
+	// The pause below waits for the batches in flight: only for a reason.
+	waiting, err := w.queries.InboxHasUnfinished(ctx, w.pool, w.cfg.ClaimLease.Seconds())
+	if err != nil || !waiting {
+		return 0, false, err
+	}
 	w.exclusive.Lock()
 	defer w.exclusive.Unlock()
 	for end := time.Now().Add(takeOverSlice); time.Now().Before(end); taken++ {
@@ -505,7 +510,8 @@ func batchStats(msgs []Message, decisions []decision, handlerDuration time.Durat
 // fails it runs it on each message alone, each under its own savepoint.
 // HandlerTimeout bounds it all: the batch gets half of it (all of it for a
 // single message), and the messages handled alone share what is left, each
-// getting an equal part of the time that remains for those still to come.
+// getting an equal part of the time that remains for those still to come
+// (and at least an eighth of HandlerTimeout, or a second).
 // So a message stuck in a query uses up its own part only; the others are
 // handled, and a message whose turn comes after the deadline waits (see
 // Wait) instead of losing an attempt. A context that ends inside a query
@@ -529,9 +535,14 @@ func (w *Worker) handle(ctx context.Context, tx pgx.Tx, msgs []Message) ([]Outco
 	w.logger.Warn("batch handler failed, handling messages one by one",
 		slog.Int("batch_size", len(msgs)), slog.String("error", batchErr.Error()))
 	outcomes = make([]Outcome, len(msgs))
+	// A message that runs out of its share has failed an attempt, so every
+	// share is at least minShare (past the handler's lock waits); a message
+	// whose turn leaves less waits instead.
+	minShare := min(w.cfg.HandlerTimeout/8, time.Second)
 	for i := range msgs {
-		share := time.Until(deadline) / time.Duration(len(msgs)-i)
-		if share < time.Millisecond || ctx.Err() != nil {
+		left := time.Until(deadline)
+		share := max(left/time.Duration(len(msgs)-i), minShare)
+		if share > left || ctx.Err() != nil {
 			outcomes[i] = Outcome{Err: Wait(0, fmt.Errorf("not handled: the batch's handler timeout (%s) passed before its turn", w.cfg.HandlerTimeout))}
 			continue
 		}

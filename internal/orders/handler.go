@@ -95,8 +95,17 @@ func (h *Handler) HandleBatch(ctx context.Context, tx pgx.Tx, msgs []inbox.Messa
 	if err != nil {
 		return nil, err
 	}
-	for i, skus := range blocked {
-		outcomes[i].Err = inbox.Wait(0, fmt.Errorf("stock row %s locked by another session", strings.Join(skus, ", ")))
+	// A message that waits holds back the later messages of its order in
+	// this batch too (they share one only when they have no ordering key).
+	waiting := map[string]error{}
+	for i, d := range decoded {
+		id := orderIDOf(d)
+		if skus := blocked[i]; len(skus) > 0 {
+			waiting[id] = fmt.Errorf("stock row %s locked by another session", strings.Join(skus, ", "))
+		} else if waiting[id] == nil {
+			continue
+		}
+		outcomes[i].Err = inbox.Wait(0, waiting[id])
 		decoded[i] = nil
 	}
 
@@ -140,6 +149,17 @@ func (h *Handler) HandleBatch(ctx context.Context, tx pgx.Tx, msgs []inbox.Messa
 		}
 	}
 	return outcomes, nil
+}
+
+// orderIDOf returns the order a decoded message is about, "" for none.
+func orderIDOf(d any) string {
+	switch d := d.(type) {
+	case OrderCreated:
+		return d.OrderID
+	case OrderCancelled:
+		return d.OrderID
+	}
+	return ""
 }
 
 // StockLockWait is how long the handler waits for a stock row that another

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -269,6 +270,26 @@ func (r *Relay) releaseExpired(ctx context.Context) {
 	}
 }
 
+// confirmedBy reports whether the broker confirmed dc by the time waitCtx
+// ends; a confirm already in is read as such even once waitCtx has ended.
+func confirmedBy(waitCtx context.Context, dc *amqp.DeferredConfirmation) bool {
+	select {
+	case <-dc.Done():
+		return dc.Acked()
+	default:
+	}
+	ok, err := dc.WaitContext(waitCtx)
+	if err != nil {
+		select {
+		case <-dc.Done():
+			return dc.Acked()
+		default:
+			return false
+		}
+	}
+	return ok
+}
+
 // publishBatch claims rows, publishes them and records the outcome. It
 // returns an error only when the channel can no longer be used.
 func (r *Relay) publishBatch(ctx, workCtx context.Context, ch *amqp.Channel, returns <-chan amqp.Return) (int, error) {
@@ -292,41 +313,75 @@ func (r *Relay) publishBatch(ctx, workCtx context.Context, ch *amqp.Channel, ret
 	ctx, span := r.cfg.Tracer.StartPublish(ctx, inbox.ExchangeEvents, len(rows), traces)
 	defer span.End()
 
-	confirms := make([]*amqp.DeferredConfirmation, len(rows))
-	var publishErr error
+	// An order's rows go out one round at a time: its first row in the
+	// first round, with the first rows of the other orders, its second in
+	// the next, once the first is confirmed. A row that was not confirmed
+	// (or came back) holds back the later rows of its order, so no event of
+	// an order reaches the exchange ahead of an earlier one.
+	round := make([]int, len(rows))
+	seen := map[string]int{}
+	rounds := 1
 	for i, row := range rows {
-		// Mandatory: an event that neither a binding nor the alternate
-		// exchange's queue takes comes back, and its row stays unpublished.
-		confirms[i], publishErr = ch.PublishWithDeferredConfirmWithContext(ctx, inbox.ExchangeEvents, row.RoutingKey, true, false, amqp.Publishing{
-			Headers:      traces[i].SetHeaders(nil),
-			ContentType:  "application/json",
-			DeliveryMode: amqp.Persistent,
-			MessageId:    row.IdempotencyKey,
-			Type:         row.RoutingKey,
-			Timestamp:    row.CreatedAt,
-			AppId:        "inboxd",
-			Body:         []byte(row.Payload),
-		})
-		if publishErr != nil {
-			break
+		if row.OrderKey != "" {
+			round[i] = seen[row.OrderKey]
+			seen[row.OrderKey]++
+			rounds = max(rounds, round[i]+1)
 		}
 	}
-
 	waitCtx, cancel := context.WithTimeout(workCtx, r.cfg.ConfirmTimeout)
 	defer cancel()
 	confirmed := make([]bool, len(rows))
-	for i, dc := range confirms {
-		if dc != nil {
-			ok, err := dc.WaitContext(waitCtx)
-			confirmed[i] = err == nil && ok
+	reasons := make([]string, len(rows))
+	heldBack := map[string]bool{} // orders with a row not published
+	var publishErr error
+	for n := 0; n < rounds && publishErr == nil; n++ {
+		confirms := map[int]*amqp.DeferredConfirmation{}
+		for i, row := range rows {
+			if round[i] != n {
+				continue
+			}
+			if heldBack[row.OrderKey] {
+				reasons[i] = "held back: an earlier event of its order was not published"
+				continue
+			}
+			// Mandatory: an event that neither a binding nor the alternate
+			// exchange's queue takes comes back, and its row stays unpublished.
+			dc, err := ch.PublishWithDeferredConfirmWithContext(workCtx, inbox.ExchangeEvents, row.RoutingKey, true, false, amqp.Publishing{
+				Headers:      traces[i].SetHeaders(nil),
+				ContentType:  "application/json",
+				DeliveryMode: amqp.Persistent,
+				MessageId:    row.IdempotencyKey,
+				Type:         row.RoutingKey,
+				Timestamp:    row.CreatedAt,
+				AppId:        "inboxd",
+				Body:         []byte(row.Payload),
+			})
+			if err != nil {
+				publishErr = err
+				break
+			}
+			confirms[i] = dc
 		}
-	}
-	// The broker sends a return before the confirm of the same publish:
-	// every return of this batch is in the channel by now.
-	returned := map[string]string{}
-	for _, ret := range inbox.DrainReturns(returns) {
-		returned[ret.MessageId] = fmt.Sprintf("unroutable: the broker returned it (%d %s): no queue is bound for routing key %q, and %s is missing",
-			ret.ReplyCode, ret.ReplyText, ret.RoutingKey, inbox.QueueUnroutable)
+		for i, dc := range confirms {
+			confirmed[i] = confirmedBy(waitCtx, dc)
+		}
+		// The broker sends a return before the confirm of the same publish:
+		// every return of this round is in the channel by now.
+		returned := map[string]amqp.Return{}
+		for _, ret := range inbox.DrainReturns(returns) {
+			returned[ret.MessageId] = ret
+		}
+		for i := range confirms {
+			row := rows[i]
+			if ret, ok := returned[row.IdempotencyKey]; ok {
+				confirmed[i] = false
+				reasons[i] = fmt.Sprintf("unroutable: the broker returned it (%d %s): no queue is bound for routing key %q, and %s is missing",
+					ret.ReplyCode, ret.ReplyText, ret.RoutingKey, inbox.QueueUnroutable)
+			}
+			if !confirmed[i] && row.OrderKey != "" {
+				heldBack[row.OrderKey] = true
+			}
+		}
 	}
 	var published, failed []int64
 	attempts := 1
@@ -335,15 +390,15 @@ func (r *Relay) publishBatch(ctx, workCtx context.Context, ch *amqp.Channel, ret
 		reason = publishErr.Error()
 	}
 	for i, row := range rows {
-		if why, ok := returned[row.IdempotencyKey]; ok {
-			confirmed[i], reason = false, why
-		}
 		if confirmed[i] {
 			published = append(published, row.ID)
 			continue
 		}
 		failed = append(failed, row.ID)
 		attempts = max(attempts, int(row.Attempts))
+		if reasons[i] != "" && !strings.HasPrefix(reasons[i], "held back") {
+			reason = reasons[i]
+		}
 	}
 
 	// Record the outcome even while stopping: the broker has the messages.
