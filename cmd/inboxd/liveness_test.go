@@ -73,15 +73,18 @@ func TestALockedStockRowStallsOnlyItsOrders(t *testing.T) {
 	}, hold/2, 50*time.Millisecond, "an order of the locked SKU waits with its reason")
 	time.Sleep(time.Until(lockedAt.Add(hold)))
 
-	// Other SKUs' orders published up to a second before the end of the
-	// lock: confirmed while it was held.
+	// Every other SKU's order published while the lock was held is
+	// confirmed while it is still held: waited for, with the lock kept,
+	// rather than counted at an instant, so a slow machine cannot fail it.
 	var others []string
 	for i := range total {
-		if i%skus != 1 && publishedAt(i).Before(lockedAt.Add(hold-time.Second)) {
+		if i%skus != 1 && publishedAt(i).Before(lockedAt.Add(hold)) {
 			others = append(others, msgs[i].MessageID)
 		}
 	}
-	done := b.count(t, "SELECT count(*) FROM inbox WHERE message_id = ANY($1) AND status = 'processed'", others)
+	require.Eventually(t, func() bool {
+		return b.count(t, "SELECT count(*) FROM inbox WHERE message_id = ANY($1) AND status = 'processed'", others) == len(others)
+	}, time.Minute, 50*time.Millisecond, "the other SKUs' orders confirmed while the lock is held")
 	lockedDone := b.count(t, `SELECT count(*) FROM inbox WHERE status = 'processed'
 		AND processed_at >= $1 AND convert_from(payload, 'UTF8')::jsonb->'items'->0->>'sku' = 'NSKU-1'`, lockedAt.Add(time.Second))
 	require.NoError(t, tx.Rollback(t.Context()))
@@ -94,8 +97,6 @@ func TestALockedStockRowStallsOnlyItsOrders(t *testing.T) {
 	require.Zero(t, b.count(t, "SELECT count(*) FROM inbox_attempts WHERE outcome = 'abandoned'"), "no attempt abandoned")
 	require.Zero(t, b.count(t, "SELECT count(*) FROM inbox_attempts WHERE outcome <> 'processed'"), "no attempt failed: waiting is not one")
 	require.Zero(t, lockedDone, "no order of the locked SKU ran while it was locked")
-	require.GreaterOrEqual(t, float64(done), 0.95*float64(len(others)),
-		"%d of %d other orders confirmed while the lock was held", done, len(others))
 
 	// The figures, for the record (not asserted: tests keep no clock).
 	var lat []time.Duration
@@ -119,9 +120,9 @@ func TestALockedStockRowStallsOnlyItsOrders(t *testing.T) {
 	}
 	require.NoError(t, rows.Err())
 	slices.Sort(lat)
-	t.Logf("lock held %s: %d of %d other orders confirmed meanwhile; their publish → processed p50 %s, p99 %s, max %s; "+
+	t.Logf("lock held %s (and until the %d other orders were confirmed): their publish → processed p50 %s, p99 %s, max %s; "+
 		"the locked SKU's last order published while it was held processed %s after the release",
-		hold, done, len(others), lat[len(lat)/2].Round(time.Millisecond), lat[len(lat)*99/100].Round(time.Millisecond),
+		hold, len(others), lat[len(lat)/2].Round(time.Millisecond), lat[len(lat)*99/100].Round(time.Millisecond),
 		lat[len(lat)-1].Round(time.Millisecond), lastLocked.Sub(releasedAt).Round(time.Millisecond))
 }
 

@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -52,6 +53,14 @@ const (
 type Handler struct {
 	queries *dbsqlc.Queries
 	logger  *slog.Logger
+
+	// held remembers the stock rows last found held by another session
+	// past StockLockWait. A batch only probes them (SKIP LOCKED) instead of
+	// waiting for them again: a batch that waited would hold its other stock
+	// rows meanwhile, and make the batches of the other workers wait in
+	// turn.
+	heldMu sync.Mutex
+	held   map[string]bool
 }
 
 // NewHandler returns the order Handler. logger defaults to slog.Default().
@@ -223,11 +232,68 @@ func (h *Handler) lockStock(ctx context.Context, tx pgx.Tx, decoded []any) (map[
 	return blocked, nil
 }
 
-// lockOrFindHeld locks the stock rows of skus, waiting at most
-// StockLockWait. When that runs out, it locks the rows nobody holds and
-// returns the SKUs of the others: rows that exist but are held by another
-// session.
+// lockOrFindHeld locks the stock rows of skus and returns the SKUs of those
+// it could not: rows that exist but another session holds. Rows found held
+// before are only probed, without waiting; the others are waited for
+// StockLockWait at most, in SKU order. Rows it finds held are remembered,
+// and forgotten once a probe gets them.
 func (h *Handler) lockOrFindHeld(ctx context.Context, tx pgx.Tx, skus []string) (map[string]bool, error) {
+	var probe, rest []string
+	h.heldMu.Lock()
+	for _, sku := range skus {
+		if h.held[sku] {
+			probe = append(probe, sku)
+		} else {
+			rest = append(rest, sku)
+		}
+	}
+	h.heldMu.Unlock()
+
+	held := map[string]bool{}
+	if len(probe) > 0 {
+		got, err := h.queries.StockLockAvailable(ctx, tx, probe)
+		if err != nil {
+			return nil, fmt.Errorf("lock available stock: %w", err)
+		}
+		for _, sku := range probe {
+			held[sku] = !slices.Contains(got, sku)
+		}
+	}
+	if len(rest) > 0 {
+		waited, err := h.lockWaiting(ctx, tx, rest)
+		if err != nil {
+			return nil, err
+		}
+		for _, sku := range waited {
+			held[sku] = true
+		}
+	}
+
+	levels, err := h.queries.StockGetMany(ctx, tx, skus)
+	if err != nil {
+		return nil, fmt.Errorf("read stock: %w", err)
+	}
+	out := map[string]bool{}
+	h.heldMu.Lock()
+	defer h.heldMu.Unlock()
+	if h.held == nil {
+		h.held = map[string]bool{}
+	}
+	for _, l := range levels { // unknown SKUs are nobody's
+		if held[l.Sku] {
+			out[l.Sku] = true
+			h.held[l.Sku] = true
+		} else {
+			delete(h.held, l.Sku)
+		}
+	}
+	return out, nil
+}
+
+// lockWaiting locks the stock rows of skus, in SKU order, waiting at most
+// StockLockWait. When that runs out, it locks the rows nobody holds and
+// returns the others.
+func (h *Handler) lockWaiting(ctx context.Context, tx pgx.Tx, skus []string) ([]string, error) {
 	sp, err := tx.Begin(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("lock stock: %w", err)
@@ -253,14 +319,10 @@ func (h *Handler) lockOrFindHeld(ctx context.Context, tx pgx.Tx, skus []string) 
 	if err != nil {
 		return nil, fmt.Errorf("lock available stock: %w", err)
 	}
-	levels, err := h.queries.StockGetMany(ctx, tx, skus)
-	if err != nil {
-		return nil, fmt.Errorf("read stock: %w", err)
-	}
-	held := map[string]bool{}
-	for _, l := range levels {
-		if !slices.Contains(got, l.Sku) {
-			held[l.Sku] = true
+	var held []string
+	for _, sku := range skus {
+		if !slices.Contains(got, sku) {
+			held = append(held, sku)
 		}
 	}
 	return held, nil
