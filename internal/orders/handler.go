@@ -54,13 +54,13 @@ type Handler struct {
 	queries *dbsqlc.Queries
 	logger  *slog.Logger
 
-	// held remembers the stock rows last found held by another session
-	// past StockLockWait. A batch only probes them (SKIP LOCKED) instead of
-	// waiting for them again: a batch that waited would hold its other stock
-	// rows meanwhile, and make the batches of the other workers wait in
-	// turn.
+	// held remembers the stock rows found held by another session past
+	// StockLockWait, for StockHeldMemory. A batch only probes them (SKIP
+	// LOCKED) instead of waiting for them again: a batch that waited would
+	// hold its other stock rows meanwhile, and make the batches of the
+	// other workers wait in turn.
 	heldMu sync.Mutex
-	held   map[string]bool
+	held   map[string]time.Time // when each was found held
 }
 
 // NewHandler returns the order Handler. logger defaults to slog.Default().
@@ -114,7 +114,7 @@ func (h *Handler) HandleBatch(ctx context.Context, tx pgx.Tx, msgs []inbox.Messa
 		} else if waiting[id] == nil {
 			continue
 		}
-		outcomes[i].Err = inbox.Wait(0, waiting[id])
+		outcomes[i].Err = inbox.Wait(StockWaitRetry, waiting[id])
 		decoded[i] = nil
 	}
 
@@ -174,7 +174,17 @@ func orderIDOf(d any) string {
 // StockLockWait is how long the handler waits for a stock row that another
 // session holds before it lets the orders that need it wait instead (see
 // inbox.Wait), and handles the rest of the batch.
-const StockLockWait = 200 * time.Millisecond
+const StockLockWait = 500 * time.Millisecond
+
+// StockWaitRetry is how soon a message that waits for a held stock row is
+// tried again; it costs no attempt.
+const StockWaitRetry = 200 * time.Millisecond
+
+// StockHeldMemory is how long a stock row found held is only probed, not
+// waited for: long enough that a row an operator holds does not make every
+// batch wait, short enough that one a busy worker held briefly is waited
+// for again soon.
+const StockHeldMemory = 2 * time.Second
 
 // lockStock locks the stock rows that the batch's messages need: the items
 // of its orders, and what its cancellations hold reserved. It locks them in
@@ -241,7 +251,7 @@ func (h *Handler) lockOrFindHeld(ctx context.Context, tx pgx.Tx, skus []string) 
 	var probe, rest []string
 	h.heldMu.Lock()
 	for _, sku := range skus {
-		if h.held[sku] {
+		if found, ok := h.held[sku]; ok && time.Since(found) < StockHeldMemory {
 			probe = append(probe, sku)
 		} else {
 			rest = append(rest, sku)
@@ -277,14 +287,17 @@ func (h *Handler) lockOrFindHeld(ctx context.Context, tx pgx.Tx, skus []string) 
 	h.heldMu.Lock()
 	defer h.heldMu.Unlock()
 	if h.held == nil {
-		h.held = map[string]bool{}
+		h.held = map[string]time.Time{}
 	}
 	for _, l := range levels { // unknown SKUs are nobody's
-		if held[l.Sku] {
-			out[l.Sku] = true
-			h.held[l.Sku] = true
-		} else {
+		switch {
+		case !held[l.Sku]:
 			delete(h.held, l.Sku)
+		case slices.Contains(rest, l.Sku):
+			h.held[l.Sku] = time.Now() // found held again after a wait
+			fallthrough
+		default:
+			out[l.Sku] = true
 		}
 	}
 	return out, nil
