@@ -332,7 +332,7 @@ func (c *Consumer) consume(sessCtx, workCtx context.Context, conn, pubConn *amqp
 				return err
 			}
 		case amqpErr := <-chClosed:
-			return fmt.Errorf("channel closed: %v", amqpErr)
+			return closedError("channel", amqpErr)
 		case <-cancelled:
 			return errors.New("consumer cancelled by the broker (queue deleted?)")
 		case <-sessCtx.Done():

@@ -630,7 +630,7 @@ func (w *Worker) decide(m Message, out Outcome) decision {
 		return decision{status: StatusProcessed, result: storable(out.Result)}
 	case errors.As(out.Err, &wait):
 		return decision{status: outcomeWaiting, lastError: storable("waiting: " + out.Err.Error()), delay: wait.after}
-	case isLockNotAvailable(out.Err):
+	case IsLockNotAvailable(out.Err):
 		return decision{status: outcomeWaiting, lastError: storable("waiting: a row it needs is locked by another session: " + out.Err.Error()), delay: WaitDefault}
 	case errors.Is(out.Err, ErrPermanent), m.Attempt >= w.cfg.MaxAttempts:
 		return decision{status: StatusDead, lastError: storable(out.Err.Error())}
@@ -652,9 +652,9 @@ func CancelQueryOnContextEnd(conn *pgconn.PgConn) ctxwatch.Handler {
 	return &pgconn.CancelRequestContextWatcherHandler{Conn: conn, DeadlineDelay: 5 * time.Second}
 }
 
-// isLockNotAvailable reports whether err is PostgreSQL's lock_timeout (or a
+// IsLockNotAvailable reports whether err is PostgreSQL's lock_timeout (or a
 // NOWAIT lock) giving up: SQLSTATE 55P03.
-func isLockNotAvailable(err error) bool {
+func IsLockNotAvailable(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
 }

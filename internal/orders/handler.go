@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/orderconfirm/inboxd/internal/dbsqlc"
 	"github.com/orderconfirm/inboxd/internal/inbox"
@@ -279,9 +278,24 @@ func (h *Handler) lockOrFindHeld(ctx context.Context, tx pgx.Tx, skus []string) 
 		}
 	}
 
-	levels, err := h.queries.StockGetMany(ctx, tx, skus)
-	if err != nil {
-		return nil, fmt.Errorf("read stock: %w", err)
+	// A row not got is held by another session, or not there at all (an
+	// unknown SKU, which the order's decision rejects): read which, only
+	// when there is one.
+	var notGot []string
+	for _, sku := range skus {
+		if held[sku] {
+			notGot = append(notGot, sku)
+		}
+	}
+	exists := map[string]bool{}
+	if len(notGot) > 0 {
+		levels, err := h.queries.StockGetMany(ctx, tx, notGot)
+		if err != nil {
+			return nil, fmt.Errorf("read stock: %w", err)
+		}
+		for _, l := range levels {
+			exists[l.Sku] = true
+		}
 	}
 	out := map[string]bool{}
 	h.heldMu.Lock()
@@ -289,15 +303,15 @@ func (h *Handler) lockOrFindHeld(ctx context.Context, tx pgx.Tx, skus []string) 
 	if h.held == nil {
 		h.held = map[string]time.Time{}
 	}
-	for _, l := range levels { // unknown SKUs are nobody's
+	for _, sku := range skus {
 		switch {
-		case !held[l.Sku]:
-			delete(h.held, l.Sku)
-		case slices.Contains(rest, l.Sku):
-			h.held[l.Sku] = time.Now() // found held again after a wait
+		case !exists[sku]:
+			delete(h.held, sku)
+		case slices.Contains(rest, sku):
+			h.held[sku] = time.Now() // found held again after a wait
 			fallthrough
 		default:
-			out[l.Sku] = true
+			out[sku] = true
 		}
 	}
 	return out, nil
@@ -324,8 +338,7 @@ func (h *Handler) lockWaiting(ctx context.Context, tx pgx.Tx, skus []string) ([]
 	if rbErr := sp.Rollback(context.WithoutCancel(ctx)); rbErr != nil {
 		return nil, fmt.Errorf("lock stock: %w (and rolling back: %w)", err, rbErr)
 	}
-	var pgErr *pgconn.PgError
-	if !errors.As(err, &pgErr) || pgErr.Code != "55P03" {
+	if !inbox.IsLockNotAvailable(err) {
 		return nil, fmt.Errorf("lock stock: %w", err)
 	}
 	got, err := h.queries.StockLockAvailable(ctx, tx, skus)
