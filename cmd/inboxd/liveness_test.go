@@ -40,7 +40,8 @@ func TestALockedStockRowStallsOnlyItsOrders(t *testing.T) {
 		_, err := db.Pool.Exec(t.Context(), "INSERT INTO stock (sku, available) VALUES ($1, $2)", fmt.Sprintf("NSKU-%d", i), initialStock)
 		require.NoError(t, err)
 	}
-	startProcess(t, serviceEnv(db, broker))
+	addr := freeAddr(t)
+	startProcess(t, serviceEnv(db, broker, "HTTP_ADDR="+addr))
 
 	// Orders at 30 a second, round robin over the SKUs, from before the lock
 	// until a while after it.
@@ -71,6 +72,8 @@ func TestALockedStockRowStallsOnlyItsOrders(t *testing.T) {
 		return b.count(t, `SELECT count(*) FROM inbox WHERE status = 'pending'
 			AND last_error = 'waiting: stock row NSKU-1 locked by another session'`) > 0
 	}, hold/2, 50*time.Millisecond, "an order of the locked SKU waits with its reason")
+	require.Eventually(t, func() bool { return scrape(t, addr)[`inbox_handled_total{outcome="waiting"}`] > 0 },
+		hold/2, 50*time.Millisecond, "the waits are counted")
 	time.Sleep(time.Until(lockedAt.Add(hold)))
 
 	// Every other SKU's order published while the lock was held is

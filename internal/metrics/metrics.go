@@ -119,6 +119,7 @@ func (m *Metrics) ObserveBatch(s inbox.BatchStats) {
 	m.outcomes.WithLabelValues("processed").Add(float64(s.Processed))
 	m.outcomes.WithLabelValues("retried").Add(float64(s.Retried))
 	m.outcomes.WithLabelValues("dead").Add(float64(s.Dead))
+	m.outcomes.WithLabelValues("waiting").Add(float64(s.Waiting))
 	m.replays.Add(float64(s.Replays))
 	m.handler.Observe(s.HandlerDuration.Seconds())
 	exemplars := m.endToEnd.(prometheus.ExemplarObserver)
