@@ -200,6 +200,11 @@ func loadConfig(getenv func(string) string, command string) (*config, error) {
 	rp["statement_timeout"] = strconv.FormatInt(c.statementTimeout.Milliseconds(), 10)
 	rp["idle_in_transaction_session_timeout"] = strconv.FormatInt(c.idleInTxTimeout.Milliseconds(), 10)
 	rp["lock_timeout"] = strconv.FormatInt(c.lockTimeout.Milliseconds(), 10)
+	// Plan every statement for the tables as they are now. A generic plan
+	// is kept until something invalidates it, and without ANALYZE (no
+	// autovacuum) nothing does: one made while the inbox was empty
+	// scans the whole inbox on every batch once it holds a million rows.
+	rp["plan_cache_mode"] = "force_custom_plan"
 	return c, nil
 }
 
