@@ -19,8 +19,10 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/orderconfirm/inboxd/internal/broker"
 	"github.com/orderconfirm/inboxd/internal/dbsqlc"
 	"github.com/orderconfirm/inboxd/internal/inbox"
+	"github.com/orderconfirm/inboxd/internal/ingest"
 	"github.com/orderconfirm/inboxd/internal/loadgen"
 	"github.com/orderconfirm/inboxd/internal/sandbox"
 )
@@ -51,7 +53,7 @@ func newEnv(ctx context.Context, o *options, scenario string) (*benchEnv, error)
 	if !o.keep {
 		e.cleanup = func() { cleanupBroker(); cleanupDB() }
 	}
-	if err := loadgen.DeclareTopology(amqpURL, inbox.QueueTypeQuorum); err != nil {
+	if err := loadgen.DeclareTopology(amqpURL, broker.QueueTypeQuorum); err != nil {
 		e.cleanup()
 		return nil, fmt.Errorf("declare topology: %w", err)
 	}
@@ -110,7 +112,7 @@ func (noopHandler) HandleBatch(_ context.Context, _ pgx.Tx, msgs []inbox.Message
 // 500) and workers (2 × 1000) as inboxd runs them, with a handler that does
 // nothing. It returns the consumer and worker, started.
 type core struct {
-	consumer *inbox.Consumer
+	consumer *ingest.Ingest
 	worker   *inbox.Worker
 	pools    []*pgxpool.Pool
 }
@@ -131,7 +133,7 @@ func startCore(ctx context.Context, e *benchEnv, withConsumer, withWorker bool) 
 		c.stop()
 		return nil, err
 	}
-	if c.consumer, err = inbox.NewConsumer(ingestPool, &inbox.ConsumerConfig{URL: e.amqpURL, Logger: discard, OnStored: c.worker.Notify}); err != nil {
+	if c.consumer, err = ingest.New(ingestPool, &ingest.Config{URL: e.amqpURL, Logger: discard, OnStored: c.worker.Notify}); err != nil {
 		c.stop()
 		return nil, err
 	}
@@ -245,7 +247,7 @@ func benchPassthrough(ctx context.Context, o *options, r *report) error {
 		if err := ch.Qos(1000, 0, false); err != nil {
 			return err
 		}
-		deliveries, err := ch.Consume(inbox.QueueInbox, "", false, false, false, false, nil)
+		deliveries, err := ch.Consume(broker.QueueInbox, "", false, false, false, false, nil)
 		if err != nil {
 			return err
 		}
@@ -507,7 +509,7 @@ func publishPaced(ctx context.Context, amqpURL string, msgs []loadgen.Message, r
 		for ; next < due; next++ {
 			m := msgs[next]
 			sent[m.MessageID] = time.Now()
-			dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, inbox.ExchangeOrders, m.RoutingKey, false, false, amqp.Publishing{
+			dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, broker.ExchangeOrders, m.RoutingKey, false, false, amqp.Publishing{
 				ContentType: "application/json", DeliveryMode: amqp.Persistent, MessageId: m.MessageID, Body: m.Body,
 			})
 			if err != nil {

@@ -15,7 +15,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/orderconfirm/inboxd/internal/inbox"
+	"github.com/orderconfirm/inboxd/internal/broker"
+	"github.com/orderconfirm/inboxd/internal/ingest"
 	"github.com/orderconfirm/inboxd/internal/migrate"
 )
 
@@ -99,12 +100,12 @@ func (c *config) settings() []setting {
 		{name: "INBOX_LOG_FORMAT", def: "json", doc: "json or text", apply: oneOf(&c.logFormat, "json", "text")},
 		{name: "INBOX_MIGRATE", def: "true", doc: "serve applies the migrations at start", apply: boolVar(&c.migrate)},
 		{name: "INBOX_MIGRATE_LOCK_TIMEOUT", def: migrate.LockTimeoutDefault.String(), doc: "lock_timeout of the migration session (which has no statement_timeout): how long a migration waits for a lock before it fails", apply: durationVar(&c.migrateLockTimeout, time.Millisecond)},
-		{name: "INBOX_QUEUE_TYPE", def: inbox.QueueTypeQuorum, doc: "type of the declared queues: quorum or classic", apply: oneOf(&c.queueType, inbox.QueueTypeQuorum, inbox.QueueTypeClassic)},
+		{name: "INBOX_QUEUE_TYPE", def: broker.QueueTypeQuorum, doc: "type of the declared queues: quorum or classic", apply: oneOf(&c.queueType, broker.QueueTypeQuorum, broker.QueueTypeClassic)},
 		{name: "INBOX_INGEST_BATCH_SIZE", def: "500", doc: "most deliveries stored per insert", apply: intVar(&c.ingestBatchSize, 1, 10000)},
 		{name: "INBOX_INGEST_LINGER", def: "5ms", doc: "how long a batch that is not full waits for more deliveries", apply: durationVar(&c.ingestLinger, time.Microsecond)},
-		{name: "INBOX_INGEST_MAX_INFLIGHT_BYTES", def: strconv.Itoa(inbox.IngestMaxInflightBytesDefault), doc: "bound on the message bodies ingest holds unacknowledged; sizes INBOX_PREFETCH (set the broker's max_message_size to INBOX_MAX_MESSAGE_BYTES for it to hold)", apply: intVar(&c.maxInflightBytes, 1, 1<<40)},
+		{name: "INBOX_INGEST_MAX_INFLIGHT_BYTES", def: strconv.Itoa(ingest.MaxInflightBytesDefault), doc: "bound on the message bodies ingest holds unacknowledged; sizes INBOX_PREFETCH (set the broker's max_message_size to INBOX_MAX_MESSAGE_BYTES for it to hold)", apply: intVar(&c.maxInflightBytes, 1, 1<<40)},
 		{name: "INBOX_PREFETCH", def: "0", doc: "unacknowledged deliveries the broker may send ahead (AMQP QoS); 0 takes INBOX_INGEST_MAX_INFLIGHT_BYTES / INBOX_MAX_MESSAGE_BYTES", apply: intVar(&c.prefetch, 0, 65535)},
-		{name: "INBOX_MAX_MESSAGE_BYTES", def: strconv.Itoa(inbox.MaxMessageBytesDefault), doc: "largest body stored; larger ones are dead-lettered", apply: intVar(&c.maxMessageBytes, 1, 512<<20)},
+		{name: "INBOX_MAX_MESSAGE_BYTES", def: strconv.Itoa(ingest.MaxMessageBytesDefault), doc: "largest body stored; larger ones are dead-lettered", apply: intVar(&c.maxMessageBytes, 1, 512<<20)},
 		{name: "INBOX_DERIVE_MISSING_MESSAGE_ID", def: "false", doc: "give a delivery without message_id the id sha256:<hex of type, NUL, body> instead of dead-lettering it", apply: boolVar(&c.deriveMessageID)},
 		{name: "INBOX_AMQP_HEARTBEAT", def: "10s", doc: "AMQP heartbeat interval", apply: durationVar(&c.amqpHeartbeat, time.Second)},
 		{name: "INBOX_INGEST_STORE_TIMEOUT", def: "10s", doc: "bound on one batch insert", apply: durationVar(&c.ingestStoreTimeout, time.Millisecond)},

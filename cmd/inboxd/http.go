@@ -12,7 +12,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/orderconfirm/inboxd/internal/inbox"
+	"github.com/orderconfirm/inboxd/internal/ingest"
 	"github.com/orderconfirm/inboxd/internal/outbox"
 )
 
@@ -83,7 +83,7 @@ func (c *postgresCheck) check(ctx context.Context) error {
 // reach PostgreSQL through readyPool, is consuming from RabbitMQ and its
 // relay is connected), /metrics (Prometheus) and the status page at / when
 // statusPage is not nil.
-func newHTTPHandler(readyPool *pgxpool.Pool, consumer *inbox.Consumer, relay *outbox.Relay, registry *prometheus.Registry, statusPage http.Handler) http.Handler {
+func newHTTPHandler(readyPool *pgxpool.Pool, consumer *ingest.Ingest, relay *outbox.Relay, registry *prometheus.Registry, statusPage http.Handler) http.Handler {
 	mux := http.NewServeMux()
 	if statusPage != nil {
 		// Any method, so that the page answers 405 itself to other methods

@@ -13,10 +13,13 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/orderconfirm/inboxd/internal/broker"
 	"github.com/orderconfirm/inboxd/internal/inbox"
+	"github.com/orderconfirm/inboxd/internal/ingest"
 	"github.com/orderconfirm/inboxd/internal/janitor"
 	"github.com/orderconfirm/inboxd/internal/metrics"
 	"github.com/orderconfirm/inboxd/internal/migrate"
+	"github.com/orderconfirm/inboxd/internal/notifier"
 	"github.com/orderconfirm/inboxd/internal/orders"
 	"github.com/orderconfirm/inboxd/internal/outbox"
 	"github.com/orderconfirm/inboxd/internal/startstop"
@@ -60,7 +63,7 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger, tp *tracing.Pr
 
 	// A broker that is down is waited for in the background; a topology
 	// that this build cannot use is not.
-	if err := inbox.Declare(cfg.amqpURL, cfg.queueType); errors.Is(err, inbox.ErrInboxQueueOutdated) || errors.Is(err, inbox.ErrEventsExchangeOutdated) {
+	if err := broker.Declare(cfg.amqpURL, cfg.queueType); errors.Is(err, broker.ErrInboxQueueOutdated) || errors.Is(err, broker.ErrEventsExchangeOutdated) {
 		return err
 	} else if err != nil {
 		logger.Warn("broker not reachable at start, connecting in the background", slog.String("error", err.Error()))
@@ -117,7 +120,7 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger, tp *tracing.Pr
 	if err != nil {
 		return err
 	}
-	consumer, err := inbox.NewConsumer(ingestPool, &inbox.ConsumerConfig{
+	consumer, err := ingest.New(ingestPool, &ingest.Config{
 		URL:                    cfg.amqpURL,
 		Logger:                 logger,
 		ConnectionName:         "inboxd ingest " + process,
@@ -177,7 +180,9 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger, tp *tracing.Pr
 	}
 	listenConfig := cfg.dbConfig.ConnConfig.Copy()
 	listenConfig.RuntimeParams["application_name"] += " listener"
-	listener := inbox.NewListener(listenConfig, logger, worker.Notify, relay.Notify)
+	listener := notifier.New(listenConfig, logger)
+	listener.Subscribe(notifier.TopicInbox, worker.Notify)
+	listener.Subscribe(notifier.TopicOutbox, relay.Notify)
 
 	var statusPage http.Handler
 	if cfg.statusPage {

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/orderconfirm/inboxd/internal/broker"
 	"github.com/orderconfirm/inboxd/internal/dbsqlc"
 	"github.com/orderconfirm/inboxd/internal/retry"
 	"github.com/orderconfirm/inboxd/internal/startstop"
@@ -408,7 +409,7 @@ func (w *Worker) work(ctx context.Context, c claims) error {
 			ReceivedAt: r.ReceivedAt,
 			Replay:     r.ReplayRequested,
 		}
-		_, m.span = w.cfg.Tracer.StartProcess(ctx, QueueInbox, tracing.Message{
+		_, m.span = w.cfg.Tracer.StartProcess(ctx, broker.QueueInbox, tracing.Message{
 			ID: m.MessageID, Type: m.Type, Attempt: m.Attempt, Replay: m.Replay,
 			Origin: tracing.Text{Traceparent: r.Traceparent, Tracestate: r.Tracestate},
 		})

@@ -1,4 +1,7 @@
-package inbox
+// Package broker holds the service's RabbitMQ contract: the names of its
+// exchanges, queues and headers, DeclareTopology, and Dial, the one way the
+// service connects.
+package broker
 
 import (
 	"context"
