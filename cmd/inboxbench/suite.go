@@ -24,6 +24,7 @@ import (
 	"github.com/orderconfirm/inboxd/internal/inbox"
 	"github.com/orderconfirm/inboxd/internal/ingest"
 	"github.com/orderconfirm/inboxd/internal/loadgen"
+	"github.com/orderconfirm/inboxd/internal/pipeline"
 	"github.com/orderconfirm/inboxd/internal/sandbox"
 )
 
@@ -110,11 +111,10 @@ func (noopHandler) HandleBatch(_ context.Context, _ pgx.Tx, msgs []inbox.Message
 
 // core is the inbox alone, in this process: ingest (one channel, batches of
 // 500) and workers (2 × 1000) as inboxd runs them, with a handler that does
-// nothing. It returns the consumer and worker, started.
+// nothing. It returns the pipeline of ingest and worker, started.
 type core struct {
-	consumer *ingest.Ingest
-	worker   *inbox.Worker
-	pools    []*pgxpool.Pool
+	*pipeline.Pipeline
+	pools []*pgxpool.Pool
 }
 
 func startCore(ctx context.Context, e *benchEnv, withConsumer, withWorker bool) (*core, error) {
@@ -129,32 +129,27 @@ func startCore(ctx context.Context, e *benchEnv, withConsumer, withWorker bool) 
 		return nil, err
 	}
 	c.pools = []*pgxpool.Pool{ingestPool, workerPool}
-	if c.worker, err = inbox.NewWorker(workerPool, &inbox.WorkerConfig{Handler: noopHandler{}, Logger: discard, PollInterval: 100 * time.Millisecond}); err != nil {
-		c.stop()
-		return nil, err
-	}
-	if c.consumer, err = ingest.New(ingestPool, &ingest.Config{URL: e.amqpURL, Logger: discard, OnStored: c.worker.Notify}); err != nil {
-		c.stop()
-		return nil, err
-	}
+	pc := &pipeline.Config{Logger: discard, WorkerPool: workerPool, IngestPool: ingestPool}
 	if withWorker {
-		if err := c.worker.Start(ctx); err != nil {
-			c.stop()
-			return nil, err
-		}
+		pc.Worker = &inbox.WorkerConfig{Handler: noopHandler{}, Logger: discard, PollInterval: 100 * time.Millisecond}
 	}
 	if withConsumer {
-		if err := c.consumer.Start(ctx); err != nil {
+		pc.Ingest = &ingest.Config{URL: e.amqpURL, Logger: discard}
+	}
+	if c.Pipeline, err = pipeline.New(pc); err != nil {
+		c.stop()
+		return nil, err
+	}
+	if err := c.Start(ctx); err != nil {
+		c.stop()
+		return nil, err
+	}
+	for withConsumer && !c.Ingest.Consuming() {
+		if ctx.Err() != nil {
 			c.stop()
-			return nil, err
+			return nil, ctx.Err()
 		}
-		for !c.consumer.Consuming() {
-			if ctx.Err() != nil {
-				c.stop()
-				return nil, ctx.Err()
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		time.Sleep(10 * time.Millisecond)
 	}
 	return c, nil
 }
@@ -162,11 +157,8 @@ func startCore(ctx context.Context, e *benchEnv, withConsumer, withWorker bool) 
 func (c *core) stop() {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if c.consumer != nil {
-		c.consumer.Stop(ctx)
-	}
-	if c.worker != nil {
-		c.worker.Stop(ctx)
+	if c.Pipeline != nil {
+		c.Stop(ctx)
 	}
 	for _, p := range c.pools {
 		p.Close()
