@@ -153,6 +153,10 @@ func DrainReturns(returns <-chan amqp.Return) []amqp.Return {
 	}
 }
 
+// HeartbeatDefault is the AMQP heartbeat interval of ingest's and the
+// relay's connections.
+const HeartbeatDefault = 10 * time.Second
+
 // Dial opens a connection to the broker at url, named name in the broker's
 // tools, with heartbeat (0 takes the broker's suggestion) detecting half-open
 // links, and a 10-second bound on connecting.

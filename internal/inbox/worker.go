@@ -32,6 +32,16 @@ const (
 	StatusDead      = "dead"
 )
 
+// Defaults of WorkerConfig.
+const (
+	ConcurrencyDefault    = 2
+	BatchSizeDefault      = 1000
+	PollIntervalDefault   = time.Second
+	HandlerTimeoutDefault = 30 * time.Second
+	MaxAttemptsDefault    = 10
+	ClaimLeaseDefault     = 5 * time.Second
+)
+
 // WorkerConfig configures a Worker.
 type WorkerConfig struct {
 	// Handler handles the claimed messages. Required.
@@ -90,14 +100,14 @@ func DefaultProcessName() string {
 func (c *WorkerConfig) withDefaults() (*WorkerConfig, error) {
 	out := *c
 	out.Logger = cmp.Or(out.Logger, slog.Default())
-	out.Concurrency = cmp.Or(out.Concurrency, 2)
-	out.BatchSize = cmp.Or(out.BatchSize, 1000)
-	out.PollInterval = cmp.Or(out.PollInterval, time.Second)
-	out.HandlerTimeout = cmp.Or(out.HandlerTimeout, 30*time.Second)
-	out.MaxAttempts = cmp.Or(out.MaxAttempts, 10)
-	out.RetryBase = cmp.Or(out.RetryBase, time.Second)
-	out.RetryMax = cmp.Or(out.RetryMax, 5*time.Minute)
-	out.ClaimLease = cmp.Or(out.ClaimLease, 5*time.Second)
+	out.Concurrency = cmp.Or(out.Concurrency, ConcurrencyDefault)
+	out.BatchSize = cmp.Or(out.BatchSize, BatchSizeDefault)
+	out.PollInterval = cmp.Or(out.PollInterval, PollIntervalDefault)
+	out.HandlerTimeout = cmp.Or(out.HandlerTimeout, HandlerTimeoutDefault)
+	out.MaxAttempts = cmp.Or(out.MaxAttempts, MaxAttemptsDefault)
+	out.RetryBase = cmp.Or(out.RetryBase, retry.BaseDefault)
+	out.RetryMax = cmp.Or(out.RetryMax, retry.MaxDefault)
+	out.ClaimLease = cmp.Or(out.ClaimLease, ClaimLeaseDefault)
 	out.Process = cmp.Or(out.Process, DefaultProcessName())
 	out.Build = cmp.Or(out.Build, "unknown")
 	out.Tracer = cmp.Or(out.Tracer, tracing.PropagateOnly())

@@ -35,6 +35,9 @@ const (
 	MaxMessageBytesDefault = 1 << 20
 	// MaxInflightBytesDefault bounds the bodies ingest holds unacked.
 	MaxInflightBytesDefault = 256 << 20
+	BatchSizeDefault        = 500
+	LingerDefault           = 5 * time.Millisecond
+	StoreTimeoutDefault     = 10 * time.Second
 )
 
 // Config configures a Ingest.
@@ -113,13 +116,13 @@ func (c *Config) withDefaults() (*Config, error) {
 	out.Logger = cmp.Or(out.Logger, slog.Default())
 	out.ConnectionName = cmp.Or(out.ConnectionName, "inboxd ingest")
 	out.QueueType = cmp.Or(out.QueueType, broker.QueueTypeQuorum)
-	out.BatchSize = cmp.Or(out.BatchSize, 500)
-	out.Linger = cmp.Or(out.Linger, 5*time.Millisecond)
+	out.BatchSize = cmp.Or(out.BatchSize, BatchSizeDefault)
+	out.Linger = cmp.Or(out.Linger, LingerDefault)
 	out.MaxMessageBytes = cmp.Or(out.MaxMessageBytes, MaxMessageBytesDefault)
 	out.MaxInflightBytes = cmp.Or(out.MaxInflightBytes, MaxInflightBytesDefault)
 	out.Prefetch = cmp.Or(out.Prefetch, min(max(out.MaxInflightBytes/out.MaxMessageBytes, 1), 65535))
-	out.Heartbeat = cmp.Or(out.Heartbeat, 10*time.Second)
-	out.StoreTimeout = cmp.Or(out.StoreTimeout, 10*time.Second)
+	out.Heartbeat = cmp.Or(out.Heartbeat, broker.HeartbeatDefault)
+	out.StoreTimeout = cmp.Or(out.StoreTimeout, StoreTimeoutDefault)
 	out.Tracer = cmp.Or(out.Tracer, tracing.PropagateOnly())
 	switch {
 	case out.URL == "":

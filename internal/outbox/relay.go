@@ -25,6 +25,14 @@ import (
 	"github.com/orderconfirm/inboxd/internal/tracing"
 )
 
+// Defaults of RelayConfig.
+const (
+	BatchSizeDefault      = 256
+	PollIntervalDefault   = time.Second
+	LeaseDefault          = 30 * time.Second
+	ConfirmTimeoutDefault = 10 * time.Second
+)
+
 // RelayConfig configures a Relay.
 type RelayConfig struct {
 	// URL is the AMQP URL of the broker. Required.
@@ -51,7 +59,8 @@ type RelayConfig struct {
 	// Defaults to 10 seconds.
 	ConfirmTimeout time.Duration
 	// RetryBase and RetryMax bound the delay before a row whose publish
-	// failed is tried again. Default to 1 second and 1 minute.
+	// failed is tried again. Default to retry.BaseDefault and
+	// retry.MaxDefault (1 second and 5 minutes), as the inbox worker's.
 	RetryBase, RetryMax time.Duration
 	// Heartbeat is the AMQP heartbeat interval. Defaults to 10 seconds.
 	Heartbeat time.Duration
@@ -69,13 +78,13 @@ func (c *RelayConfig) withDefaults() (*RelayConfig, error) {
 	out.Logger = cmp.Or(out.Logger, slog.Default())
 	out.ConnectionName = cmp.Or(out.ConnectionName, "inboxd relay")
 	out.QueueType = cmp.Or(out.QueueType, broker.QueueTypeQuorum)
-	out.BatchSize = cmp.Or(out.BatchSize, 256)
-	out.PollInterval = cmp.Or(out.PollInterval, time.Second)
-	out.Lease = cmp.Or(out.Lease, 30*time.Second)
-	out.ConfirmTimeout = cmp.Or(out.ConfirmTimeout, 10*time.Second)
-	out.RetryBase = cmp.Or(out.RetryBase, time.Second)
-	out.RetryMax = cmp.Or(out.RetryMax, time.Minute)
-	out.Heartbeat = cmp.Or(out.Heartbeat, 10*time.Second)
+	out.BatchSize = cmp.Or(out.BatchSize, BatchSizeDefault)
+	out.PollInterval = cmp.Or(out.PollInterval, PollIntervalDefault)
+	out.Lease = cmp.Or(out.Lease, LeaseDefault)
+	out.ConfirmTimeout = cmp.Or(out.ConfirmTimeout, ConfirmTimeoutDefault)
+	out.RetryBase = cmp.Or(out.RetryBase, retry.BaseDefault)
+	out.RetryMax = cmp.Or(out.RetryMax, retry.MaxDefault)
+	out.Heartbeat = cmp.Or(out.Heartbeat, broker.HeartbeatDefault)
 	out.Tracer = cmp.Or(out.Tracer, tracing.PropagateOnly())
 	switch {
 	case out.URL == "":
