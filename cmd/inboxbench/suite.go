@@ -19,9 +19,12 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/orderconfirm/inboxd/internal/broker"
 	"github.com/orderconfirm/inboxd/internal/dbsqlc"
 	"github.com/orderconfirm/inboxd/internal/inbox"
+	"github.com/orderconfirm/inboxd/internal/ingest"
 	"github.com/orderconfirm/inboxd/internal/loadgen"
+	"github.com/orderconfirm/inboxd/internal/pipeline"
 	"github.com/orderconfirm/inboxd/internal/sandbox"
 )
 
@@ -51,7 +54,7 @@ func newEnv(ctx context.Context, o *options, scenario string) (*benchEnv, error)
 	if !o.keep {
 		e.cleanup = func() { cleanupBroker(); cleanupDB() }
 	}
-	if err := loadgen.DeclareTopology(amqpURL, inbox.QueueTypeQuorum); err != nil {
+	if err := loadgen.DeclareTopology(amqpURL, broker.QueueTypeQuorum); err != nil {
 		e.cleanup()
 		return nil, fmt.Errorf("declare topology: %w", err)
 	}
@@ -108,11 +111,10 @@ func (noopHandler) HandleBatch(_ context.Context, _ pgx.Tx, msgs []inbox.Message
 
 // core is the inbox alone, in this process: ingest (one channel, batches of
 // 500) and workers (2 × 1000) as inboxd runs them, with a handler that does
-// nothing. It returns the consumer and worker, started.
+// nothing. It returns the pipeline of ingest and worker, started.
 type core struct {
-	consumer *inbox.Consumer
-	worker   *inbox.Worker
-	pools    []*pgxpool.Pool
+	*pipeline.Pipeline
+	pools []*pgxpool.Pool
 }
 
 func startCore(ctx context.Context, e *benchEnv, withConsumer, withWorker bool) (*core, error) {
@@ -127,32 +129,27 @@ func startCore(ctx context.Context, e *benchEnv, withConsumer, withWorker bool) 
 		return nil, err
 	}
 	c.pools = []*pgxpool.Pool{ingestPool, workerPool}
-	if c.worker, err = inbox.NewWorker(workerPool, &inbox.WorkerConfig{Handler: noopHandler{}, Logger: discard, PollInterval: 100 * time.Millisecond}); err != nil {
-		c.stop()
-		return nil, err
-	}
-	if c.consumer, err = inbox.NewConsumer(ingestPool, &inbox.ConsumerConfig{URL: e.amqpURL, Logger: discard, OnStored: c.worker.Notify}); err != nil {
-		c.stop()
-		return nil, err
-	}
+	pc := &pipeline.Config{Logger: discard, WorkerPool: workerPool, IngestPool: ingestPool}
 	if withWorker {
-		if err := c.worker.Start(ctx); err != nil {
-			c.stop()
-			return nil, err
-		}
+		pc.Worker = &inbox.WorkerConfig{Handler: noopHandler{}, Logger: discard, PollInterval: 100 * time.Millisecond}
 	}
 	if withConsumer {
-		if err := c.consumer.Start(ctx); err != nil {
+		pc.Ingest = &ingest.Config{URL: e.amqpURL, Logger: discard}
+	}
+	if c.Pipeline, err = pipeline.New(pc); err != nil {
+		c.stop()
+		return nil, err
+	}
+	if err := c.Start(ctx); err != nil {
+		c.stop()
+		return nil, err
+	}
+	for withConsumer && !c.Ingest.Consuming() {
+		if ctx.Err() != nil {
 			c.stop()
-			return nil, err
+			return nil, ctx.Err()
 		}
-		for !c.consumer.Consuming() {
-			if ctx.Err() != nil {
-				c.stop()
-				return nil, ctx.Err()
-			}
-			time.Sleep(10 * time.Millisecond)
-		}
+		time.Sleep(10 * time.Millisecond)
 	}
 	return c, nil
 }
@@ -160,11 +157,8 @@ func startCore(ctx context.Context, e *benchEnv, withConsumer, withWorker bool) 
 func (c *core) stop() {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if c.consumer != nil {
-		c.consumer.Stop(ctx)
-	}
-	if c.worker != nil {
-		c.worker.Stop(ctx)
+	if c.Pipeline != nil {
+		c.Stop(ctx)
 	}
 	for _, p := range c.pools {
 		p.Close()
@@ -245,7 +239,7 @@ func benchPassthrough(ctx context.Context, o *options, r *report) error {
 		if err := ch.Qos(1000, 0, false); err != nil {
 			return err
 		}
-		deliveries, err := ch.Consume(inbox.QueueInbox, "", false, false, false, false, nil)
+		deliveries, err := ch.Consume(broker.QueueInbox, "", false, false, false, false, nil)
 		if err != nil {
 			return err
 		}
@@ -507,7 +501,7 @@ func publishPaced(ctx context.Context, amqpURL string, msgs []loadgen.Message, r
 		for ; next < due; next++ {
 			m := msgs[next]
 			sent[m.MessageID] = time.Now()
-			dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, inbox.ExchangeOrders, m.RoutingKey, false, false, amqp.Publishing{
+			dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, broker.ExchangeOrders, m.RoutingKey, false, false, amqp.Publishing{
 				ContentType: "application/json", DeliveryMode: amqp.Persistent, MessageId: m.MessageID, Body: m.Body,
 			})
 			if err != nil {

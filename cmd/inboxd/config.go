@@ -15,8 +15,13 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/orderconfirm/inboxd/internal/broker"
 	"github.com/orderconfirm/inboxd/internal/inbox"
+	"github.com/orderconfirm/inboxd/internal/ingest"
+	"github.com/orderconfirm/inboxd/internal/janitor"
 	"github.com/orderconfirm/inboxd/internal/migrate"
+	"github.com/orderconfirm/inboxd/internal/outbox"
+	"github.com/orderconfirm/inboxd/internal/retry"
 )
 
 // HTTPAddrDefault is HTTP_ADDR's default: loopback only.
@@ -24,12 +29,11 @@ const HTTPAddrDefault = "127.0.0.1:8080"
 
 // config is the whole configuration of inboxd, read from the environment.
 type config struct {
-	databaseURL string
-	dbConfig    *pgxpool.Config
-	amqpURL     string
-	httpAddr    string
-	pprofAddr   string
-	statusPage  bool
+	dbConfig   *pgxpool.Config
+	amqpURL    string
+	httpAddr   string
+	pprofAddr  string
+	statusPage bool
 
 	logLevel  slog.Level
 	logFormat string
@@ -99,36 +103,48 @@ func (c *config) settings() []setting {
 		{name: "INBOX_LOG_FORMAT", def: "json", doc: "json or text", apply: oneOf(&c.logFormat, "json", "text")},
 		{name: "INBOX_MIGRATE", def: "true", doc: "serve applies the migrations at start", apply: boolVar(&c.migrate)},
 		{name: "INBOX_MIGRATE_LOCK_TIMEOUT", def: migrate.LockTimeoutDefault.String(), doc: "lock_timeout of the migration session (which has no statement_timeout): how long a migration waits for a lock before it fails", apply: durationVar(&c.migrateLockTimeout, time.Millisecond)},
-		{name: "INBOX_QUEUE_TYPE", def: inbox.QueueTypeQuorum, doc: "type of the declared queues: quorum or classic", apply: oneOf(&c.queueType, inbox.QueueTypeQuorum, inbox.QueueTypeClassic)},
-		{name: "INBOX_INGEST_BATCH_SIZE", def: "500", doc: "most deliveries stored per insert", apply: intVar(&c.ingestBatchSize, 1, 10000)},
-		{name: "INBOX_INGEST_LINGER", def: "5ms", doc: "how long a batch that is not full waits for more deliveries", apply: durationVar(&c.ingestLinger, time.Microsecond)},
-		{name: "INBOX_INGEST_MAX_INFLIGHT_BYTES", def: strconv.Itoa(inbox.IngestMaxInflightBytesDefault), doc: "bound on the message bodies ingest holds unacknowledged; sizes INBOX_PREFETCH (set the broker's max_message_size to INBOX_MAX_MESSAGE_BYTES for it to hold)", apply: intVar(&c.maxInflightBytes, 1, 1<<40)},
+		{name: "INBOX_QUEUE_TYPE", def: broker.QueueTypeQuorum, doc: "type of the declared queues: quorum or classic", apply: oneOf(&c.queueType, broker.QueueTypeQuorum, broker.QueueTypeClassic)},
+		{name: "INBOX_INGEST_BATCH_SIZE", def: strconv.Itoa(ingest.BatchSizeDefault), doc: "most deliveries stored per insert", apply: intVar(&c.ingestBatchSize, 1, 10000)},
+		{name: "INBOX_INGEST_LINGER", def: durationString(ingest.LingerDefault), doc: "how long a batch that is not full waits for more deliveries", apply: durationVar(&c.ingestLinger, time.Microsecond)},
+		{name: "INBOX_INGEST_MAX_INFLIGHT_BYTES", def: strconv.Itoa(ingest.MaxInflightBytesDefault), doc: "bound on the message bodies ingest holds unacknowledged; sizes INBOX_PREFETCH (set the broker's max_message_size to INBOX_MAX_MESSAGE_BYTES for it to hold)", apply: intVar(&c.maxInflightBytes, 1, 1<<40)},
 		{name: "INBOX_PREFETCH", def: "0", doc: "unacknowledged deliveries the broker may send ahead (AMQP QoS); 0 takes INBOX_INGEST_MAX_INFLIGHT_BYTES / INBOX_MAX_MESSAGE_BYTES", apply: intVar(&c.prefetch, 0, 65535)},
-		{name: "INBOX_MAX_MESSAGE_BYTES", def: strconv.Itoa(inbox.MaxMessageBytesDefault), doc: "largest body stored; larger ones are dead-lettered", apply: intVar(&c.maxMessageBytes, 1, 512<<20)},
+		{name: "INBOX_MAX_MESSAGE_BYTES", def: strconv.Itoa(ingest.MaxMessageBytesDefault), doc: "largest body stored; larger ones are dead-lettered", apply: intVar(&c.maxMessageBytes, 1, 512<<20)},
 		{name: "INBOX_DERIVE_MISSING_MESSAGE_ID", def: "false", doc: "give a delivery without message_id the id sha256:<hex of type, NUL, body> instead of dead-lettering it", apply: boolVar(&c.deriveMessageID)},
-		{name: "INBOX_AMQP_HEARTBEAT", def: "10s", doc: "AMQP heartbeat interval", apply: durationVar(&c.amqpHeartbeat, time.Second)},
-		{name: "INBOX_INGEST_STORE_TIMEOUT", def: "10s", doc: "bound on one batch insert", apply: durationVar(&c.ingestStoreTimeout, time.Millisecond)},
-		{name: "INBOX_WORKERS", def: "2", doc: "batches handled at once, each in its own transaction", apply: intVar(&c.workers, 1, 256)},
-		{name: "INBOX_WORKER_BATCH_SIZE", def: "1000", doc: "most messages claimed per transaction", apply: intVar(&c.workerBatchSize, 1, 10000)},
-		{name: "INBOX_POLL_INTERVAL", def: "1s", doc: "how often workers look for due messages without a wake-up", apply: durationVar(&c.pollInterval, time.Millisecond)},
-		{name: "INBOX_HANDLER_TIMEOUT", def: "30s", doc: "bound on handling one batch", apply: durationVar(&c.handlerTimeout, time.Millisecond)},
-		{name: "INBOX_MAX_ATTEMPTS", def: "10", doc: "failed attempts after which a message is dead", apply: intVar(&c.maxAttempts, 1, 1000)},
-		{name: "INBOX_RETRY_BASE", def: "1s", doc: "delay before the first retry; doubled per attempt, with jitter", apply: durationVar(&c.retryBase, time.Millisecond)},
-		{name: "INBOX_RETRY_MAX", def: "5m", doc: "longest delay between retries", apply: durationVar(&c.retryMax, time.Millisecond)},
-		{name: "INBOX_CLAIM_LEASE", def: "5s", doc: "how long other workers leave a claimed message alone; after a crash its messages run again once it has passed", apply: durationVar(&c.claimLease, 10*time.Millisecond)},
-		{name: "INBOX_RELAY_BATCH_SIZE", def: "256", doc: "most outbox rows published at once", apply: intVar(&c.relayBatchSize, 1, 10000)},
-		{name: "INBOX_RELAY_LEASE", def: "30s", doc: "how long a relay's claim on outbox rows lasts; after a crash they are published again, under the same ids, once it has passed", apply: durationVar(&c.relayLease, time.Second)},
+		{name: "INBOX_AMQP_HEARTBEAT", def: durationString(broker.HeartbeatDefault), doc: "AMQP heartbeat interval", apply: durationVar(&c.amqpHeartbeat, time.Second)},
+		{name: "INBOX_INGEST_STORE_TIMEOUT", def: durationString(ingest.StoreTimeoutDefault), doc: "bound on one batch insert", apply: durationVar(&c.ingestStoreTimeout, time.Millisecond)},
+		{name: "INBOX_WORKERS", def: strconv.Itoa(inbox.ConcurrencyDefault), doc: "batches handled at once, each in its own transaction", apply: intVar(&c.workers, 1, 256)},
+		{name: "INBOX_WORKER_BATCH_SIZE", def: strconv.Itoa(inbox.BatchSizeDefault), doc: "most messages claimed per transaction", apply: intVar(&c.workerBatchSize, 1, 10000)},
+		{name: "INBOX_POLL_INTERVAL", def: durationString(inbox.PollIntervalDefault), doc: "how often workers look for due messages without a wake-up", apply: durationVar(&c.pollInterval, time.Millisecond)},
+		{name: "INBOX_HANDLER_TIMEOUT", def: durationString(inbox.HandlerTimeoutDefault), doc: "bound on handling one batch", apply: durationVar(&c.handlerTimeout, time.Millisecond)},
+		{name: "INBOX_MAX_ATTEMPTS", def: strconv.Itoa(inbox.MaxAttemptsDefault), doc: "failed attempts after which a message is dead", apply: intVar(&c.maxAttempts, 1, 1000)},
+		{name: "INBOX_RETRY_BASE", def: durationString(retry.BaseDefault), doc: "delay before the first retry; doubled per attempt, with jitter", apply: durationVar(&c.retryBase, time.Millisecond)},
+		{name: "INBOX_RETRY_MAX", def: durationString(retry.MaxDefault), doc: "longest delay between retries", apply: durationVar(&c.retryMax, time.Millisecond)},
+		{name: "INBOX_CLAIM_LEASE", def: durationString(inbox.ClaimLeaseDefault), doc: "how long other workers leave a claimed message alone; after a crash its messages run again once it has passed", apply: durationVar(&c.claimLease, 10*time.Millisecond)},
+		{name: "INBOX_RELAY_BATCH_SIZE", def: strconv.Itoa(outbox.BatchSizeDefault), doc: "most outbox rows published at once", apply: intVar(&c.relayBatchSize, 1, 10000)},
+		{name: "INBOX_RELAY_LEASE", def: durationString(outbox.LeaseDefault), doc: "how long a relay's claim on outbox rows lasts; after a crash they are published again, under the same ids, once it has passed", apply: durationVar(&c.relayLease, time.Second)},
 		{name: "INBOX_STATEMENT_TIMEOUT", def: "30s", doc: "PostgreSQL statement_timeout of every connection", apply: durationVar(&c.statementTimeout, time.Millisecond)},
 		{name: "INBOX_LOCK_TIMEOUT", def: "5s", doc: "PostgreSQL lock_timeout of every connection: no lock wait lasts longer; a message whose handling runs into it waits and is tried again without losing an attempt", apply: durationVar(&c.lockTimeout, time.Millisecond)},
 		{name: "INBOX_IDLE_IN_TX_TIMEOUT", def: "60s", doc: "PostgreSQL idle_in_transaction_session_timeout of every connection", apply: durationVar(&c.idleInTxTimeout, time.Millisecond)},
 		{name: "INBOX_DB_CONNECT_TIMEOUT", def: "5s", doc: "bound on opening one PostgreSQL connection", apply: durationVar(&c.dbConnectTimeout, time.Millisecond)},
-		{name: "INBOX_RETENTION", def: "168h", doc: "how long processed messages, their attempt history, published outbox rows and conflict records are kept", apply: durationVar(&c.retention, time.Second)},
-		{name: "INBOX_DEAD_RETENTION", def: "720h", doc: "how long dead messages are kept unless replayed; at least INBOX_RETENTION", apply: durationVar(&c.deadRetention, time.Second)},
+		{name: "INBOX_RETENTION", def: durationString(janitor.RetentionDefault), doc: "how long processed messages, their attempt history, published outbox rows and conflict records are kept", apply: durationVar(&c.retention, time.Second)},
+		{name: "INBOX_DEAD_RETENTION", def: durationString(janitor.DeadRetentionDefault), doc: "how long dead messages are kept unless replayed; at least INBOX_RETENTION", apply: durationVar(&c.deadRetention, time.Second)},
 		{name: "INBOX_DEDUPE_WINDOW", def: "84h", doc: "the longest time after which a message may be delivered again; a retention shorter than it is refused", apply: durationVar(&c.dedupeWindow, time.Second)},
-		{name: "INBOX_JANITOR_INTERVAL", def: "1m", doc: "time between two cleanups of rows past their retention; 0 turns the janitor off in this process", apply: durationVar(&c.janitorInterval, 0)},
-		{name: "INBOX_JANITOR_BATCH_SIZE", def: "1000", doc: "most rows deleted per cleanup statement", apply: intVar(&c.janitorBatch, 1, 100000)},
+		{name: "INBOX_JANITOR_INTERVAL", def: durationString(janitor.IntervalDefault), doc: "time between two cleanups of rows past their retention; 0 turns the janitor off in this process", apply: durationVar(&c.janitorInterval, 0)},
+		{name: "INBOX_JANITOR_BATCH_SIZE", def: strconv.Itoa(janitor.BatchSizeDefault), doc: "most rows deleted per cleanup statement", apply: intVar(&c.janitorBatch, 1, 100000)},
 		{name: "INBOX_SHUTDOWN_TIMEOUT", def: "20s", doc: "grace period to finish in-flight work after SIGTERM", apply: durationVar(&c.shutdownTimeout, time.Millisecond)},
 	}
+}
+
+// durationString writes d as a setting's default is written: 5m, not 5m0s.
+func durationString(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
 }
 
 // otelSettings lists the OpenTelemetry variables inboxd documents. They
@@ -213,7 +229,7 @@ func (c *config) parseDatabaseURL(v string) error {
 	if err != nil {
 		return secretParseError(v, err)
 	}
-	c.databaseURL, c.dbConfig = v, cfg
+	c.dbConfig = cfg
 	return nil
 }
 

@@ -10,7 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/orderconfirm/inboxd/internal/inbox"
+	"github.com/orderconfirm/inboxd/internal/broker"
 	"github.com/orderconfirm/inboxd/internal/loadgen"
 )
 
@@ -84,7 +84,7 @@ func TestDisruptivePostgresRestart(t *testing.T) {
 	b.waitDrained(t, w.UniqueMessageIDs, 120*time.Second)
 	b.requireExactlyOnce(t, w)
 	require.False(t, p.exited(), "inboxd recovered without a restart")
-	require.Zero(t, b.broker.ReadyMessages(t, inbox.QueueDead), "ingest paused instead of dead-lettering")
+	require.Zero(t, b.broker.ReadyMessages(t, broker.QueueDead), "ingest paused instead of dead-lettering")
 }
 
 // Acceptance: a broker memory alarm (every publishing connection blocked)
@@ -128,8 +128,8 @@ func TestDisruptiveMemoryAlarm(t *testing.T) {
 	startProcess(t, env)
 	b.waitDrained(t, w.UniqueMessageIDs, time.Minute)
 	b.requireExactlyOnce(t, w)
-	dead := b.broker.Receive(t, inbox.QueueDead, 1)
-	require.Equal(t, "missing message_id", dead[0].Headers[inbox.HeaderRejectReason])
+	dead := b.broker.Receive(t, broker.QueueDead, 1)
+	require.Equal(t, "missing message_id", dead[0].Headers[broker.HeaderRejectReason])
 	b.requireEventsOnce(t)
 	t.Logf("stopped in %s during the alarm", took)
 }

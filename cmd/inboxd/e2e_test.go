@@ -16,7 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/orderconfirm/inboxd/internal/inbox"
+	"github.com/orderconfirm/inboxd/internal/broker"
 	"github.com/orderconfirm/inboxd/internal/loadgen"
 	"github.com/orderconfirm/inboxd/internal/orders"
 	"github.com/orderconfirm/inboxd/internal/testenv"
@@ -38,7 +38,7 @@ func setup(t *testing.T) *e2eBundle {
 	b := &e2eBundle{db: testenv.NewDB(t), broker: testenv.NewBroker(t), seen: map[string]int{}, arrivals: map[string][]string{}}
 	// Declared up front so that nothing published before inboxd connects
 	// is unroutable.
-	require.NoError(t, loadgen.DeclareTopology(b.broker.URL, inbox.QueueTypeQuorum))
+	require.NoError(t, loadgen.DeclareTopology(b.broker.URL, broker.QueueTypeQuorum))
 	b.subscribeDownstream(t)
 	for _, sku := range []string{"SKU-1", "SKU-2", "SKU-3"} {
 		_, err := b.db.Pool.Exec(t.Context(), "INSERT INTO stock (sku, available) VALUES ($1, $2)", sku, initialStock)
@@ -59,7 +59,7 @@ func (b *e2eBundle) subscribeDownstream(t *testing.T) {
 	require.NoError(t, err)
 	_, err = ch.QueueDeclare("downstream", true, false, false, false, nil)
 	require.NoError(t, err)
-	require.NoError(t, ch.QueueBind("downstream", "#", inbox.ExchangeEvents, false, nil))
+	require.NoError(t, ch.QueueBind("downstream", "#", broker.ExchangeEvents, false, nil))
 	require.NoError(t, ch.Qos(100, 0, false))
 	b.events, err = ch.Consume("downstream", "", false, false, false, false, nil)
 	require.NoError(t, err)
@@ -286,8 +286,8 @@ func TestMalformedInputEndsDeadWithAReason(t *testing.T) {
 	require.Contains(t, lastError, "invalid payload: not a JSON object")
 
 	reasons := map[string]string{}
-	for _, d := range b.broker.Receive(t, inbox.QueueDead, 3) {
-		reasons[d.MessageId], _ = d.Headers[inbox.HeaderRejectReason].(string)
+	for _, d := range b.broker.Receive(t, broker.QueueDead, 3) {
+		reasons[d.MessageId], _ = d.Headers[broker.HeaderRejectReason].(string)
 	}
 	require.Equal(t, "missing message_id", reasons[""])
 	require.Contains(t, reasons["huge"], "message too large")

@@ -3,6 +3,10 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
 	"net/http"
 	"net/http/pprof"
 	"sync"
@@ -12,7 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/orderconfirm/inboxd/internal/inbox"
+	"github.com/orderconfirm/inboxd/internal/ingest"
 	"github.com/orderconfirm/inboxd/internal/outbox"
 )
 
@@ -83,7 +87,7 @@ func (c *postgresCheck) check(ctx context.Context) error {
 // reach PostgreSQL through readyPool, is consuming from RabbitMQ and its
 // relay is connected), /metrics (Prometheus) and the status page at / when
 // statusPage is not nil.
-func newHTTPHandler(readyPool *pgxpool.Pool, consumer *inbox.Consumer, relay *outbox.Relay, registry *prometheus.Registry, statusPage http.Handler) http.Handler {
+func newHTTPHandler(readyPool *pgxpool.Pool, consumer *ingest.Ingest, relay *outbox.Relay, registry *prometheus.Registry, statusPage http.Handler) http.Handler {
 	mux := http.NewServeMux()
 	if statusPage != nil {
 		// Any method, so that the page answers 405 itself to other methods
@@ -134,4 +138,51 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(v)
+}
+
+// httpService runs server as a service: Start listens on addr and serves in
+// the background; Stop shuts the server down, gracefully (waiting for the
+// requests in flight until ctx ends) or, when graceful is false, at once.
+type httpService struct {
+	// setting names addr in the error of a failed listen.
+	setting  string
+	addr     string
+	server   *http.Server
+	graceful bool
+	logger   *slog.Logger
+	// failed is logged when the server fails while serving.
+	failed string
+
+	ln   net.Listener
+	done chan struct{}
+}
+
+func (s *httpService) Start(context.Context) error {
+	ln, err := net.Listen("tcp", s.addr)
+	if err != nil {
+		return fmt.Errorf("listen on %s: %w", s.setting, err)
+	}
+	s.ln, s.done = ln, make(chan struct{})
+	go func() {
+		defer close(s.done)
+		if err := s.server.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			s.logger.Error(s.failed, slog.String("error", err.Error()))
+		}
+	}()
+	return nil
+}
+
+// Addr returns the address the server listens on, once started.
+func (s *httpService) Addr() string { return s.ln.Addr().String() }
+
+func (s *httpService) Stop(ctx context.Context) {
+	if s.done == nil {
+		return
+	}
+	if s.graceful {
+		_ = s.server.Shutdown(ctx)
+	} else {
+		_ = s.server.Close()
+	}
+	<-s.done
 }

@@ -25,6 +25,7 @@ import (
 	"syscall"
 	"text/tabwriter"
 
+	"github.com/orderconfirm/inboxd/internal/broker"
 	"github.com/orderconfirm/inboxd/internal/inbox"
 	"github.com/orderconfirm/inboxd/internal/tracing"
 )
@@ -87,11 +88,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	case "migrate":
 		return migrateUp(ctx, cfg, logger)
 	case "redeliver-unroutable":
-		moved, left, err := inbox.RedeliverUnroutable(ctx, cfg.amqpURL)
+		moved, left, err := broker.RedeliverUnroutable(ctx, cfg.amqpURL)
 		if err != nil {
 			return fmt.Errorf("redeliver unroutable events: %w", err)
 		}
-		fmt.Fprintf(stdout, "redelivered %d events from %s; %d wait there still (no binding takes them yet)\n", moved, inbox.QueueUnroutable, left)
+		fmt.Fprintf(stdout, "redelivered %d events from %s; %d wait there still (no binding takes them yet)\n", moved, broker.QueueUnroutable, left)
 		return nil
 	}
 	tp, err := tracing.Setup(ctx, getenv, logger, buildName(), inbox.DefaultProcessName())

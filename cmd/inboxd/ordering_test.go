@@ -14,7 +14,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/orderconfirm/inboxd/internal/inbox"
+	"github.com/orderconfirm/inboxd/internal/broker"
 	"github.com/orderconfirm/inboxd/internal/loadgen"
 	"github.com/orderconfirm/inboxd/internal/orders"
 	"github.com/orderconfirm/inboxd/internal/testenv"
@@ -139,22 +139,22 @@ func (b *e2eBundle) requireOrderKept(t *testing.T, cancelled []string) {
 // says what to do, and leaves the queue and its messages alone.
 func TestServeRefusesAnInboxQueueWithoutSingleActiveConsumer(t *testing.T) {
 	t.Parallel()
-	db, broker := testenv.NewDB(t), testenv.NewBroker(t)
-	conn, err := amqp.Dial(broker.URL)
+	db, rabbit := testenv.NewDB(t), testenv.NewBroker(t)
+	conn, err := amqp.Dial(rabbit.URL)
 	require.NoError(t, err)
 	defer conn.Close()
 	ch, err := conn.Channel()
 	require.NoError(t, err)
-	_, err = ch.QueueDeclare(inbox.QueueInbox, true, false, false, false, amqp.Table{
-		amqp.QueueTypeArg: amqp.QueueTypeQuorum, "x-dead-letter-exchange": inbox.ExchangeDeadLetter,
+	_, err = ch.QueueDeclare(broker.QueueInbox, true, false, false, false, amqp.Table{
+		amqp.QueueTypeArg: amqp.QueueTypeQuorum, "x-dead-letter-exchange": broker.ExchangeDeadLetter,
 	})
 	require.NoError(t, err)
-	require.NoError(t, ch.Publish("", inbox.QueueInbox, false, false, amqp.Publishing{MessageId: "waiting", Body: []byte("{}")}))
+	require.NoError(t, ch.Publish("", broker.QueueInbox, false, false, amqp.Publishing{MessageId: "waiting", Body: []byte("{}")}))
 
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, inboxdPath, "serve")
-	cmd.Env = serviceEnv(db, broker)
+	cmd.Env = serviceEnv(db, rabbit)
 	out, err := cmd.CombinedOutput()
 	require.Error(t, err, "serve fails at start")
 	require.NoError(t, ctx.Err(), "serve fails at start rather than running on")
@@ -162,5 +162,5 @@ func TestServeRefusesAnInboxQueueWithoutSingleActiveConsumer(t *testing.T) {
 	last := lines[len(lines)-1]
 	require.True(t, strings.HasPrefix(last, "inboxd: queue order-confirmation.inbox was declared without x-single-active-consumer"), last)
 	require.Contains(t, last, `README's "Upgrading the inbox queue"`)
-	require.Equal(t, 1, broker.ReadyMessages(t, inbox.QueueInbox), "the queue keeps its message")
+	require.Equal(t, 1, rabbit.ReadyMessages(t, broker.QueueInbox), "the queue keeps its message")
 }

@@ -5,20 +5,21 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/orderconfirm/inboxd/internal/broker"
 	"github.com/orderconfirm/inboxd/internal/inbox"
+	"github.com/orderconfirm/inboxd/internal/ingest"
 	"github.com/orderconfirm/inboxd/internal/janitor"
 	"github.com/orderconfirm/inboxd/internal/metrics"
 	"github.com/orderconfirm/inboxd/internal/migrate"
 	"github.com/orderconfirm/inboxd/internal/orders"
 	"github.com/orderconfirm/inboxd/internal/outbox"
+	"github.com/orderconfirm/inboxd/internal/pipeline"
 	"github.com/orderconfirm/inboxd/internal/startstop"
 	"github.com/orderconfirm/inboxd/internal/statuspage"
 	"github.com/orderconfirm/inboxd/internal/tracing"
@@ -60,7 +61,7 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger, tp *tracing.Pr
 
 	// A broker that is down is waited for in the background; a topology
 	// that this build cannot use is not.
-	if err := inbox.Declare(cfg.amqpURL, cfg.queueType); errors.Is(err, inbox.ErrInboxQueueOutdated) || errors.Is(err, inbox.ErrEventsExchangeOutdated) {
+	if err := broker.Declare(cfg.amqpURL, cfg.queueType); errors.Is(err, broker.ErrInboxQueueOutdated) || errors.Is(err, broker.ErrEventsExchangeOutdated) {
 		return err
 	} else if err != nil {
 		logger.Warn("broker not reachable at start, connecting in the background", slog.String("error", err.Error()))
@@ -98,86 +99,85 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger, tp *tracing.Pr
 		GaugeLock: gaugeLock,
 	})
 
-	worker, err := inbox.NewWorker(workerPool, &inbox.WorkerConfig{
-		Handler:        wrapHandler(orders.NewHandler(logger)),
-		Logger:         logger,
-		Concurrency:    cfg.workers,
-		BatchSize:      cfg.workerBatchSize,
-		PollInterval:   cfg.pollInterval,
-		HandlerTimeout: cfg.handlerTimeout,
-		MaxAttempts:    cfg.maxAttempts,
-		RetryBase:      cfg.retryBase,
-		RetryMax:       cfg.retryMax,
-		ClaimLease:     cfg.claimLease,
-		Process:        process,
-		Build:          build,
-		Observe:        m.ObserveBatch,
-		Tracer:         tp.Tracer,
-	})
-	if err != nil {
-		return err
-	}
-	consumer, err := inbox.NewConsumer(ingestPool, &inbox.ConsumerConfig{
-		URL:                    cfg.amqpURL,
-		Logger:                 logger,
-		ConnectionName:         "inboxd ingest " + process,
-		QueueType:              cfg.queueType,
-		BatchSize:              cfg.ingestBatchSize,
-		Linger:                 cfg.ingestLinger,
-		Prefetch:               cfg.prefetch,
-		MaxInflightBytes:       cfg.maxInflightBytes,
-		MaxMessageBytes:        cfg.maxMessageBytes,
-		DeriveMissingMessageID: cfg.deriveMessageID,
-		Heartbeat:              cfg.amqpHeartbeat,
-		StoreTimeout:           cfg.ingestStoreTimeout,
-		OnStored:               worker.Notify,
-		OrderingKey:            orders.OrderingKey,
-		Observe:                m.ObserveIngest,
-		Tracer:                 tp.Tracer,
-	})
-	if err != nil {
-		return err
-	}
-	relay, err := outbox.NewRelay(relayPool, &outbox.RelayConfig{
-		URL:            cfg.amqpURL,
-		Logger:         logger,
-		ConnectionName: "inboxd relay " + process,
-		QueueType:      cfg.queueType,
-		BatchSize:      cfg.relayBatchSize,
-		PollInterval:   cfg.pollInterval,
-		Lease:          cfg.relayLease,
-		RetryBase:      cfg.retryBase,
-		RetryMax:       cfg.retryMax,
-		Heartbeat:      cfg.amqpHeartbeat,
-		OnPublished:    m.ObservePublished,
-		Tracer:         tp.Tracer,
-	})
-	if err != nil {
-		return err
-	}
-	m.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "inboxd_events_unroutable",
-		Help: "Events waiting in order-confirmation.unroutable because no binding of order-confirmation.events took them, as the relay last saw; redeliver them with inboxd redeliver-unroutable.",
-	}, func() float64 { return float64(relay.Unroutable()) }))
 	// The janitor deletes through the relay's pool too: one short
 	// statement at a time, off the path of ingest and the workers.
-	var janitorService *janitor.Janitor
+	var janitorConfig *janitor.Config
 	if cfg.janitorInterval > 0 {
-		janitorService, err = janitor.New(relayPool, &janitor.Config{
+		janitorConfig = &janitor.Config{
 			Logger:        logger,
 			Retention:     cfg.retention,
 			DeadRetention: cfg.deadRetention,
 			Interval:      cfg.janitorInterval,
 			BatchSize:     cfg.janitorBatch,
 			Observe:       m.ObserveJanitor,
-		})
-		if err != nil {
-			return err
 		}
 	}
 	listenConfig := cfg.dbConfig.ConnConfig.Copy()
 	listenConfig.RuntimeParams["application_name"] += " listener"
-	listener := inbox.NewListener(listenConfig, logger, worker.Notify, relay.Notify)
+	p, err := pipeline.New(&pipeline.Config{
+		Logger: logger,
+		Listen: listenConfig,
+		Worker: &inbox.WorkerConfig{
+			Handler:        wrapHandler(orders.NewHandler(logger)),
+			Logger:         logger,
+			Concurrency:    cfg.workers,
+			BatchSize:      cfg.workerBatchSize,
+			PollInterval:   cfg.pollInterval,
+			HandlerTimeout: cfg.handlerTimeout,
+			MaxAttempts:    cfg.maxAttempts,
+			RetryBase:      cfg.retryBase,
+			RetryMax:       cfg.retryMax,
+			ClaimLease:     cfg.claimLease,
+			Process:        process,
+			Build:          build,
+			Observe:        m.ObserveBatch,
+			Tracer:         tp.Tracer,
+		},
+		WorkerPool: workerPool,
+		Ingest: &ingest.Config{
+			URL:                    cfg.amqpURL,
+			Logger:                 logger,
+			ConnectionName:         "inboxd ingest " + process,
+			QueueType:              cfg.queueType,
+			BatchSize:              cfg.ingestBatchSize,
+			Linger:                 cfg.ingestLinger,
+			Prefetch:               cfg.prefetch,
+			MaxInflightBytes:       cfg.maxInflightBytes,
+			MaxMessageBytes:        cfg.maxMessageBytes,
+			DeriveMissingMessageID: cfg.deriveMessageID,
+			Heartbeat:              cfg.amqpHeartbeat,
+			StoreTimeout:           cfg.ingestStoreTimeout,
+			OrderingKey:            orders.OrderingKey,
+			Observe:                m.ObserveIngest,
+			Tracer:                 tp.Tracer,
+		},
+		IngestPool: ingestPool,
+		Relay: &outbox.RelayConfig{
+			URL:            cfg.amqpURL,
+			Logger:         logger,
+			ConnectionName: "inboxd relay " + process,
+			QueueType:      cfg.queueType,
+			BatchSize:      cfg.relayBatchSize,
+			PollInterval:   cfg.pollInterval,
+			Lease:          cfg.relayLease,
+			RetryBase:      cfg.retryBase,
+			RetryMax:       cfg.retryMax,
+			Heartbeat:      cfg.amqpHeartbeat,
+			OnPublished:    m.ObservePublished,
+			Tracer:         tp.Tracer,
+		},
+		RelayPool:   relayPool,
+		Janitor:     janitorConfig,
+		JanitorPool: relayPool,
+	})
+	if err != nil {
+		return err
+	}
+	consumer, relay := p.Ingest, p.Relay
+	m.Registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "inboxd_events_unroutable",
+		Help: "Events waiting in order-confirmation.unroutable because no binding of order-confirmation.events took them, as the relay last saw; redeliver them with inboxd redeliver-unroutable.",
+	}, func() float64 { return float64(relay.Unroutable()) }))
 
 	var statusPage http.Handler
 	if cfg.statusPage {
@@ -211,55 +211,26 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger, tp *tracing.Pr
 		return err
 	}
 	defer closePool(readyPool)
-	httpServer := newHTTPServer(newHTTPHandler(readyPool, consumer, relay, m.Registry, statusPage), HTTPWriteTimeout)
-	ln, err := net.Listen("tcp", cfg.httpAddr)
-	if err != nil {
-		return fmt.Errorf("listen on HTTP_ADDR: %w", err)
+	httpServer := &httpService{
+		setting: "HTTP_ADDR", addr: cfg.httpAddr, graceful: true, logger: logger, failed: "HTTP server failed",
+		server: newHTTPServer(newHTTPHandler(readyPool, consumer, relay, m.Registry, statusPage), HTTPWriteTimeout),
 	}
+	services := []startstop.Startable{httpServer}
 	// The profiler listens apart, off HTTP_ADDR, only when asked to.
-	var pprofServer *http.Server
-	var pprofLn net.Listener
 	if cfg.pprofAddr != "" {
-		pprofServer = newHTTPServer(newPprofHandler(), PprofWriteTimeout)
-		if pprofLn, err = net.Listen("tcp", cfg.pprofAddr); err != nil {
-			_ = ln.Close()
-			return fmt.Errorf("listen on INBOX_PPROF_ADDR: %w", err)
-		}
-	}
-
-	var bg sync.WaitGroup
-	listenCtx, stopListener := context.WithCancel(ctx)
-	defer stopListener()
-	bg.Go(func() { listener.Run(listenCtx) })
-	bg.Go(func() { gaugeLock.Run(listenCtx) })
-	bg.Go(func() {
-		if err := httpServer.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			logger.Error("HTTP server failed", slog.String("error", err.Error()))
-		}
-	})
-	if pprofServer != nil {
-		bg.Go(func() {
-			if err := pprofServer.Serve(pprofLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
-				logger.Error("profiler's HTTP server failed", slog.String("error", err.Error()))
-			}
+		services = append(services, &httpService{
+			setting: "INBOX_PPROF_ADDR", addr: cfg.pprofAddr, logger: logger, failed: "profiler's HTTP server failed",
+			server: newHTTPServer(newPprofHandler(), PprofWriteTimeout),
 		})
-		defer func() { _ = pprofServer.Close() }()
 	}
-	if err := worker.Start(ctx); err != nil {
+	// The pipeline's work ends a little before the grace does, so that
+	// what it then cuts short (a batch rolled back, a broker connection
+	// closed hard) is over within it too.
+	services = append(services, startstop.Func(gaugeLock.Run), workBeforeGraceEnds{p})
+	if err := startstop.StartAll(ctx, services...); err != nil {
 		return err
 	}
-	if err := consumer.Start(ctx); err != nil {
-		return err
-	}
-	if err := relay.Start(ctx); err != nil {
-		return err
-	}
-	if janitorService != nil {
-		if err := janitorService.Start(ctx); err != nil {
-			return err
-		}
-	}
-	logger.Info("inboxd serving", slog.String("http_addr", ln.Addr().String()),
+	logger.Info("inboxd serving", slog.String("http_addr", httpServer.Addr()),
 		slog.String("build", build), slog.String("process", process),
 		slog.Int("workers", cfg.workers),
 		slog.Bool("exporting_spans", tp.Exporting), slog.String("otlp_protocol", tp.Protocol))
@@ -269,28 +240,7 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger, tp *tracing.Pr
 	logger.Info("shutting down", slog.Duration("grace", cfg.shutdownTimeout))
 	stopCtx, cancel := context.WithTimeout(context.Background(), cfg.shutdownTimeout)
 	defer cancel()
-	// The services' work ends a little before the grace does, so that what
-	// they then cut short (a batch rolled back, a broker connection closed
-	// hard) is over within it too.
-	workCtx, cancelWork := context.WithTimeout(stopCtx, cfg.shutdownTimeout-min(time.Second+startstop.AbandonAfter/2, cfg.shutdownTimeout/4))
-	defer cancelWork()
-
-	// Ingest and workers stop together: ingest stores and acks the batch in
-	// hand; workers finish (or roll back) their batches.
-	var stopping sync.WaitGroup
-	stopping.Go(func() { consumer.Stop(workCtx) })
-	stopping.Go(func() { worker.Stop(workCtx) })
-	stopping.Go(func() { relay.Stop(workCtx) })
-	if janitorService != nil {
-		stopping.Go(func() { janitorService.Stop(workCtx) })
-	}
-	stopping.Wait()
-	stopListener()
-	_ = httpServer.Shutdown(stopCtx)
-	if pprofServer != nil {
-		_ = pprofServer.Close()
-	}
-	bg.Wait()
+	startstop.StopAll(stopCtx, services...)
 	logger.Info("stopped", slog.Duration("took", time.Since(started)))
 	return nil
 }
@@ -324,4 +274,19 @@ func closePool(pool *pgxpool.Pool) {
 	case <-closed:
 	case <-time.After(time.Second):
 	}
+}
+
+// workBeforeGraceEnds stops the pipeline with a context that ends a little
+// before the one it is given: by min(a second and a half, a quarter) of
+// what is left of the grace.
+type workBeforeGraceEnds struct{ *pipeline.Pipeline }
+
+func (w workBeforeGraceEnds) Stop(ctx context.Context) {
+	if deadline, ok := ctx.Deadline(); ok {
+		grace := time.Until(deadline)
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, grace-min(time.Second+startstop.AbandonAfter/2, grace/4))
+		defer cancel()
+	}
+	w.Pipeline.Stop(ctx)
 }

@@ -22,7 +22,7 @@ import (
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/protobuf/proto"
 
-	"github.com/orderconfirm/inboxd/internal/inbox"
+	"github.com/orderconfirm/inboxd/internal/broker"
 	"github.com/orderconfirm/inboxd/internal/loadgen"
 )
 
@@ -143,7 +143,7 @@ func publishWithHeaders(t *testing.T, url string, msgs []loadgen.Message, header
 	require.NoError(t, err)
 	require.NoError(t, ch.Confirm(false))
 	for i, m := range msgs {
-		dc, err := ch.PublishWithDeferredConfirmWithContext(t.Context(), inbox.ExchangeOrders, m.RoutingKey, false, false, amqp.Publishing{
+		dc, err := ch.PublishWithDeferredConfirmWithContext(t.Context(), broker.ExchangeOrders, m.RoutingKey, false, false, amqp.Publishing{
 			Headers: headers[i], ContentType: "application/json", DeliveryMode: amqp.Persistent, MessageId: m.MessageID, Body: m.Body,
 		})
 		require.NoError(t, err)
@@ -252,7 +252,7 @@ func TestTraceFollowsAnOrder(t *testing.T) {
 		require.Equal(t, tracepb.Span_SPAN_KIND_CONSUMER, s.Kind)
 		require.Equal(t, "rabbitmq", attrString(s, "messaging.system"))
 		require.Equal(t, "process", attrString(s, "messaging.operation.type"))
-		require.Equal(t, inbox.QueueInbox, attrString(s, "messaging.destination.name"))
+		require.Equal(t, broker.QueueInbox, attrString(s, "messaging.destination.name"))
 		require.Equal(t, messageID, attrString(s, "messaging.message.id"))
 		require.Equal(t, "order.created", attrString(s, "inboxd.message.type"))
 		require.Equal(t, "processed", attrString(s, "inboxd.outcome"))
@@ -272,7 +272,7 @@ func TestTraceFollowsAnOrder(t *testing.T) {
 		require.Equal(t, tracepb.Span_SPAN_KIND_CONSUMER, s.Kind)
 		require.Equal(t, "rabbitmq", attrString(s, "messaging.system"))
 		require.Equal(t, "receive", attrString(s, "messaging.operation.type"))
-		require.Equal(t, inbox.QueueInbox, attrString(s, "messaging.destination.name"))
+		require.Equal(t, broker.QueueInbox, attrString(s, "messaging.destination.name"))
 		require.Positive(t, attr(s, "messaging.batch.message_count").GetIntValue())
 	}
 	// The send spans link to each event's context.
@@ -283,7 +283,7 @@ func TestTraceFollowsAnOrder(t *testing.T) {
 		s := sends[0]
 		require.Equal(t, tracepb.Span_SPAN_KIND_PRODUCER, s.Kind)
 		require.Equal(t, "send", attrString(s, "messaging.operation.type"))
-		require.Equal(t, inbox.ExchangeEvents, attrString(s, "messaging.destination.name"))
+		require.Equal(t, broker.ExchangeEvents, attrString(s, "messaging.destination.name"))
 		require.Positive(t, attr(s, "messaging.batch.message_count").GetIntValue())
 	}
 

@@ -10,7 +10,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/orderconfirm/inboxd/internal/inbox"
+	"github.com/orderconfirm/inboxd/internal/broker"
 	"github.com/orderconfirm/inboxd/internal/loadgen"
 	"github.com/orderconfirm/inboxd/internal/testenv"
 )
@@ -22,7 +22,7 @@ import (
 func TestUnroutableEventsWaitAndAreRedelivered(t *testing.T) {
 	t.Parallel()
 	b := &e2eBundle{db: testenv.NewDB(t), broker: testenv.NewBroker(t)}
-	require.NoError(t, loadgen.DeclareTopology(b.broker.URL, inbox.QueueTypeQuorum))
+	require.NoError(t, loadgen.DeclareTopology(b.broker.URL, broker.QueueTypeQuorum))
 	_, err := b.db.Pool.Exec(t.Context(), "INSERT INTO stock (sku, available) VALUES ('SKU-1', $1), ('SKU-2', $1), ('SKU-3', $1)", initialStock)
 	require.NoError(t, err)
 	addr := freeAddr(t)
@@ -36,7 +36,7 @@ func TestUnroutableEventsWaitAndAreRedelivered(t *testing.T) {
 		return b.count(t, "SELECT count(*) FROM outbox WHERE published_at IS NULL") == 0
 	}, time.Minute, 20*time.Millisecond, "the relay published every event")
 	require.Equal(t, 400, b.count(t, "SELECT count(*) FROM outbox"))
-	require.Eventually(t, func() bool { return b.broker.ReadyMessages(t, inbox.QueueUnroutable) == 400 },
+	require.Eventually(t, func() bool { return b.broker.ReadyMessages(t, broker.QueueUnroutable) == 400 },
 		10*time.Second, 20*time.Millisecond, "every event waits in the unroutable queue")
 	require.Eventually(t, func() bool { return scrape(t, addr)["inboxd_events_unroutable"] == 400 },
 		10*time.Second, 50*time.Millisecond, "the metric counts them")
@@ -49,7 +49,7 @@ func TestUnroutableEventsWaitAndAreRedelivered(t *testing.T) {
 	require.NoError(t, err)
 	_, err = ch.QueueDeclare("late", true, false, false, false, nil)
 	require.NoError(t, err)
-	require.NoError(t, ch.QueueBind("late", "#", inbox.ExchangeEvents, false, nil))
+	require.NoError(t, ch.QueueBind("late", "#", broker.ExchangeEvents, false, nil))
 	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, inboxdPath, "redeliver-unroutable")
@@ -69,7 +69,7 @@ func TestUnroutableEventsWaitAndAreRedelivered(t *testing.T) {
 		got[d.MessageId] = true
 	}
 	require.Len(t, got, 400, "each event once, under its original id")
-	require.Zero(t, b.broker.ReadyMessages(t, inbox.QueueUnroutable))
+	require.Zero(t, b.broker.ReadyMessages(t, broker.QueueUnroutable))
 }
 
 // Acceptance: with order-confirmation.dead deleted, a delivery without a
@@ -87,7 +87,7 @@ func TestDeadLetterWaitsForItsQueue(t *testing.T) {
 	defer conn.Close()
 	ch, err := conn.Channel()
 	require.NoError(t, err)
-	_, err = ch.QueueDelete(inbox.QueueDead, false, false, false)
+	_, err = ch.QueueDelete(broker.QueueDead, false, false, false)
 	require.NoError(t, err)
 
 	require.NoError(t, loadgen.Publish(t.Context(), b.broker.URL, []loadgen.Message{
@@ -99,10 +99,10 @@ func TestDeadLetterWaitsForItsQueue(t *testing.T) {
 			return false
 		}
 		defer c.Close()
-		q, err := c.QueueDeclarePassive(inbox.QueueDead, true, false, false, false, nil)
+		q, err := c.QueueDeclarePassive(broker.QueueDead, true, false, false, false, nil)
 		return err == nil && q.Messages == 1
 	}, 30*time.Second, 50*time.Millisecond, "the service declared the dead-letter queue again and dead-lettered into it")
-	dead := b.broker.Receive(t, inbox.QueueDead, 1)
-	require.Equal(t, "missing message_id", dead[0].Headers[inbox.HeaderRejectReason])
+	dead := b.broker.Receive(t, broker.QueueDead, 1)
+	require.Equal(t, "missing message_id", dead[0].Headers[broker.HeaderRejectReason])
 	require.True(t, p.logContains("dead letters returned unroutable"), "the first dead letter came back")
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/orderconfirm/inboxd/internal/broker"
 	"github.com/orderconfirm/inboxd/internal/dbsqlc"
 	"github.com/orderconfirm/inboxd/internal/retry"
 	"github.com/orderconfirm/inboxd/internal/startstop"
@@ -29,6 +30,16 @@ const (
 	StatusPending   = "pending"
 	StatusProcessed = "processed"
 	StatusDead      = "dead"
+)
+
+// Defaults of WorkerConfig.
+const (
+	ConcurrencyDefault    = 2
+	BatchSizeDefault      = 1000
+	PollIntervalDefault   = time.Second
+	HandlerTimeoutDefault = 30 * time.Second
+	MaxAttemptsDefault    = 10
+	ClaimLeaseDefault     = 5 * time.Second
 )
 
 // WorkerConfig configures a Worker.
@@ -89,14 +100,14 @@ func DefaultProcessName() string {
 func (c *WorkerConfig) withDefaults() (*WorkerConfig, error) {
 	out := *c
 	out.Logger = cmp.Or(out.Logger, slog.Default())
-	out.Concurrency = cmp.Or(out.Concurrency, 2)
-	out.BatchSize = cmp.Or(out.BatchSize, 1000)
-	out.PollInterval = cmp.Or(out.PollInterval, time.Second)
-	out.HandlerTimeout = cmp.Or(out.HandlerTimeout, 30*time.Second)
-	out.MaxAttempts = cmp.Or(out.MaxAttempts, 10)
-	out.RetryBase = cmp.Or(out.RetryBase, time.Second)
-	out.RetryMax = cmp.Or(out.RetryMax, 5*time.Minute)
-	out.ClaimLease = cmp.Or(out.ClaimLease, 5*time.Second)
+	out.Concurrency = cmp.Or(out.Concurrency, ConcurrencyDefault)
+	out.BatchSize = cmp.Or(out.BatchSize, BatchSizeDefault)
+	out.PollInterval = cmp.Or(out.PollInterval, PollIntervalDefault)
+	out.HandlerTimeout = cmp.Or(out.HandlerTimeout, HandlerTimeoutDefault)
+	out.MaxAttempts = cmp.Or(out.MaxAttempts, MaxAttemptsDefault)
+	out.RetryBase = cmp.Or(out.RetryBase, retry.BaseDefault)
+	out.RetryMax = cmp.Or(out.RetryMax, retry.MaxDefault)
+	out.ClaimLease = cmp.Or(out.ClaimLease, ClaimLeaseDefault)
 	out.Process = cmp.Or(out.Process, DefaultProcessName())
 	out.Build = cmp.Or(out.Build, "unknown")
 	out.Tracer = cmp.Or(out.Tracer, tracing.PropagateOnly())
@@ -408,7 +419,7 @@ func (w *Worker) work(ctx context.Context, c claims) error {
 			ReceivedAt: r.ReceivedAt,
 			Replay:     r.ReplayRequested,
 		}
-		_, m.span = w.cfg.Tracer.StartProcess(ctx, QueueInbox, tracing.Message{
+		_, m.span = w.cfg.Tracer.StartProcess(ctx, broker.QueueInbox, tracing.Message{
 			ID: m.MessageID, Type: m.Type, Attempt: m.Attempt, Replay: m.Replay,
 			Origin: tracing.Text{Traceparent: r.Traceparent, Tracestate: r.Tracestate},
 		})

@@ -31,6 +31,14 @@ const (
 	RowsConflicts = "conflicts"
 )
 
+// Defaults of Config, and of the retentions inboxd passes.
+const (
+	IntervalDefault      = time.Minute
+	BatchSizeDefault     = 1000
+	RetentionDefault     = 7 * 24 * time.Hour
+	DeadRetentionDefault = 30 * 24 * time.Hour
+)
+
 // Config configures a Janitor.
 type Config struct {
 	// Logger receives the janitor's logs. Defaults to slog.Default().
@@ -54,8 +62,8 @@ type Config struct {
 func (c *Config) withDefaults() (*Config, error) {
 	out := *c
 	out.Logger = cmp.Or(out.Logger, slog.Default())
-	out.Interval = cmp.Or(out.Interval, time.Minute)
-	out.BatchSize = cmp.Or(out.BatchSize, 1000)
+	out.Interval = cmp.Or(out.Interval, IntervalDefault)
+	out.BatchSize = cmp.Or(out.BatchSize, BatchSizeDefault)
 	switch {
 	case out.Retention <= 0:
 		return nil, errors.New("janitor: Retention must be positive")

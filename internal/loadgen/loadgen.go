@@ -14,7 +14,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
-	"github.com/orderconfirm/inboxd/internal/inbox"
+	"github.com/orderconfirm/inboxd/internal/broker"
 	"github.com/orderconfirm/inboxd/internal/orders"
 )
 
@@ -159,7 +159,7 @@ func PublishPaced(ctx context.Context, amqpURL string, msgs []Message, window, p
 		return err
 	}
 	defer conn.Close()
-	if err := ch.ExchangeDeclare(inbox.ExchangeOrders, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
+	if err := ch.ExchangeDeclare(broker.ExchangeOrders, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
 		return err
 	}
 	if err := ch.Confirm(false); err != nil {
@@ -197,7 +197,7 @@ func PublishPaced(ctx context.Context, amqpURL string, msgs []Message, window, p
 				return err
 			}
 		}
-		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, inbox.ExchangeOrders, m.RoutingKey, false, false, amqp.Publishing{
+		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, broker.ExchangeOrders, m.RoutingKey, false, false, amqp.Publishing{
 			ContentType:  "application/json",
 			DeliveryMode: amqp.Persistent,
 			MessageId:    m.MessageID,
@@ -234,7 +234,7 @@ func PublishParallel(ctx context.Context, amqpURL string, msgs []Message, n, win
 // DeclareTopology declares the service's exchanges and queues, so that
 // messages published before the service first connects are not unroutable.
 func DeclareTopology(amqpURL, queueType string) error {
-	return inbox.Declare(amqpURL, queueType)
+	return broker.Declare(amqpURL, queueType)
 }
 
 // dial opens a connection and a channel on it; closing the connection

@@ -15,6 +15,7 @@ import (
 
 	"github.com/orderconfirm/inboxd/internal/dbsqlc"
 	"github.com/orderconfirm/inboxd/internal/inbox"
+	"github.com/orderconfirm/inboxd/internal/ingest"
 )
 
 // Metrics holds the service's collectors, registered on Registry.
@@ -106,7 +107,7 @@ func New(pool *pgxpool.Pool, logger *slog.Logger, timeout time.Duration, build s
 }
 
 // ObserveIngest records an acknowledged ingest batch.
-func (m *Metrics) ObserveIngest(s inbox.IngestStats) {
+func (m *Metrics) ObserveIngest(s ingest.Stats) {
 	m.received.Add(float64(s.Inserted))
 	m.duplicates.Add(float64(s.Duplicates))
 	m.conflicts.Add(float64(s.Conflicts))

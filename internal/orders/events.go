@@ -1,14 +1,11 @@
 package orders
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 
-	"github.com/jackc/pgx/v5"
-
-	"github.com/orderconfirm/inboxd/internal/dbsqlc"
 	"github.com/orderconfirm/inboxd/internal/inbox"
+	"github.com/orderconfirm/inboxd/internal/outbox"
 	"github.com/orderconfirm/inboxd/internal/tracing"
 )
 
@@ -52,7 +49,7 @@ func IdempotencyKey(messageID, routingKey string) string {
 // Each row carries the trace context of the message that caused it (see
 // traceOf), which the relay sends on as the event's traceparent.
 type outboxRows struct {
-	p dbsqlc.OutboxInsertManyParams
+	batch outbox.Batch
 	// trace is the trace context of each message of the batch, by message id.
 	trace map[string]tracing.Text
 }
@@ -74,22 +71,12 @@ func (o *outboxRows) add(messageID, orderID, routingKey string, body any) {
 	if err != nil {
 		panic(fmt.Sprintf("marshal %s event: %v", routingKey, err)) // the event types always marshal
 	}
-	o.p.IdempotencyKeys = append(o.p.IdempotencyKeys, IdempotencyKey(messageID, routingKey))
-	o.p.RoutingKeys = append(o.p.RoutingKeys, routingKey)
-	o.p.Payloads = append(o.p.Payloads, string(b))
-	o.p.MessageIds = append(o.p.MessageIds, messageID)
-	o.p.OrderKeys = append(o.p.OrderKeys, orderID)
-	t := o.trace[messageID]
-	o.p.Traceparents = append(o.p.Traceparents, t.Traceparent)
-	o.p.Tracestates = append(o.p.Tracestates, t.Tracestate)
-}
-
-func (o *outboxRows) insert(ctx context.Context, tx pgx.Tx, q *dbsqlc.Queries) error {
-	if len(o.p.IdempotencyKeys) == 0 {
-		return nil
-	}
-	if err := q.OutboxInsertMany(ctx, tx, o.p); err != nil {
-		return fmt.Errorf("insert outbox rows: %w", err)
-	}
-	return nil
+	o.batch.Add(outbox.Event{
+		IdempotencyKey: IdempotencyKey(messageID, routingKey),
+		RoutingKey:     routingKey,
+		Payload:        b,
+		MessageID:      messageID,
+		OrderKey:       orderID,
+		Trace:          o.trace[messageID],
+	})
 }

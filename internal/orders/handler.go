@@ -148,7 +148,7 @@ func (h *Handler) HandleBatch(ctx context.Context, tx pgx.Tx, msgs []inbox.Messa
 	if err := flush(); err != nil {
 		return nil, err
 	}
-	if err := events.insert(ctx, tx, h.queries); err != nil {
+	if err := events.batch.Insert(ctx, tx); err != nil {
 		return nil, err
 	}
 	for i, m := range msgs {

@@ -18,11 +18,19 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/orderconfirm/inboxd/internal/broker"
 	"github.com/orderconfirm/inboxd/internal/dbsqlc"
-	"github.com/orderconfirm/inboxd/internal/inbox"
 	"github.com/orderconfirm/inboxd/internal/retry"
 	"github.com/orderconfirm/inboxd/internal/startstop"
 	"github.com/orderconfirm/inboxd/internal/tracing"
+)
+
+// Defaults of RelayConfig.
+const (
+	BatchSizeDefault      = 256
+	PollIntervalDefault   = time.Second
+	LeaseDefault          = 30 * time.Second
+	ConfirmTimeoutDefault = 10 * time.Second
 )
 
 // RelayConfig configures a Relay.
@@ -35,7 +43,7 @@ type RelayConfig struct {
 	// Defaults to "inboxd relay".
 	ConnectionName string
 	// QueueType is the type of the queues the relay declares with the rest
-	// of the topology. Defaults to inbox.QueueTypeQuorum.
+	// of the topology. Defaults to broker.QueueTypeQuorum.
 	QueueType string
 	// BatchSize is the most rows claimed and published at once. Defaults to
 	// 256.
@@ -51,7 +59,8 @@ type RelayConfig struct {
 	// Defaults to 10 seconds.
 	ConfirmTimeout time.Duration
 	// RetryBase and RetryMax bound the delay before a row whose publish
-	// failed is tried again. Default to 1 second and 1 minute.
+	// failed is tried again. Default to retry.BaseDefault and
+	// retry.MaxDefault (1 second and 5 minutes), as the inbox worker's.
 	RetryBase, RetryMax time.Duration
 	// Heartbeat is the AMQP heartbeat interval. Defaults to 10 seconds.
 	Heartbeat time.Duration
@@ -68,14 +77,14 @@ func (c *RelayConfig) withDefaults() (*RelayConfig, error) {
 	out := *c
 	out.Logger = cmp.Or(out.Logger, slog.Default())
 	out.ConnectionName = cmp.Or(out.ConnectionName, "inboxd relay")
-	out.QueueType = cmp.Or(out.QueueType, inbox.QueueTypeQuorum)
-	out.BatchSize = cmp.Or(out.BatchSize, 256)
-	out.PollInterval = cmp.Or(out.PollInterval, time.Second)
-	out.Lease = cmp.Or(out.Lease, 30*time.Second)
-	out.ConfirmTimeout = cmp.Or(out.ConfirmTimeout, 10*time.Second)
-	out.RetryBase = cmp.Or(out.RetryBase, time.Second)
-	out.RetryMax = cmp.Or(out.RetryMax, time.Minute)
-	out.Heartbeat = cmp.Or(out.Heartbeat, 10*time.Second)
+	out.QueueType = cmp.Or(out.QueueType, broker.QueueTypeQuorum)
+	out.BatchSize = cmp.Or(out.BatchSize, BatchSizeDefault)
+	out.PollInterval = cmp.Or(out.PollInterval, PollIntervalDefault)
+	out.Lease = cmp.Or(out.Lease, LeaseDefault)
+	out.ConfirmTimeout = cmp.Or(out.ConfirmTimeout, ConfirmTimeoutDefault)
+	out.RetryBase = cmp.Or(out.RetryBase, retry.BaseDefault)
+	out.RetryMax = cmp.Or(out.RetryMax, retry.MaxDefault)
+	out.Heartbeat = cmp.Or(out.Heartbeat, broker.HeartbeatDefault)
 	out.Tracer = cmp.Or(out.Tracer, tracing.PropagateOnly())
 	switch {
 	case out.URL == "":
@@ -88,7 +97,7 @@ func (c *RelayConfig) withDefaults() (*RelayConfig, error) {
 	return &out, nil
 }
 
-// Relay publishes outbox rows to inbox.ExchangeEvents as persistent messages
+// Relay publishes outbox rows to broker.ExchangeEvents as persistent messages
 // whose AMQP message_id is the row's idempotency key, with publisher
 // confirms, and marks them published only after the broker confirmed them.
 // Several relays, in several processes, can share one outbox: each claims
@@ -134,16 +143,16 @@ func (r *Relay) Notify() {
 	}
 }
 
-// Unroutable returns how many events wait in inbox.QueueUnroutable, as last
-// seen: events no binding of inbox.ExchangeEvents routed. It is read when the
+// Unroutable returns how many events wait in broker.QueueUnroutable, as last
+// seen: events no binding of broker.ExchangeEvents routed. It is read when the
 // relay connects and on every idle poll.
 func (r *Relay) Unroutable() int64 { return r.unroutable.Load() }
 
-// countUnroutable reads the depth of inbox.QueueUnroutable. An error means
+// countUnroutable reads the depth of broker.QueueUnroutable. An error means
 // the channel is gone (a missing queue closes it; the next session
 // declares the queue again).
 func (r *Relay) countUnroutable(ch *amqp.Channel) error {
-	q, err := ch.QueueDeclarePassive(inbox.QueueUnroutable, true, false, false, false, nil)
+	q, err := ch.QueueDeclarePassive(broker.QueueUnroutable, true, false, false, false, nil)
 	if err != nil {
 		return fmt.Errorf("count unroutable events: %w", err)
 	}
@@ -192,20 +201,20 @@ func (r *Relay) run(ctx, workCtx context.Context) {
 // session publishes on one connection until it fails or ctx ends; workCtx
 // bounds finishing the batch in flight.
 func (r *Relay) session(ctx, workCtx context.Context) error {
-	conn, err := inbox.Dial(r.cfg.URL, r.cfg.ConnectionName, r.cfg.Heartbeat)
+	conn, err := broker.Dial(r.cfg.URL, r.cfg.ConnectionName, r.cfg.Heartbeat)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = conn.Close() }()
 	// Past the grace period nothing waits on the broker (a publish blocked
 	// by a memory alarm, say): closing the connection ends it.
-	defer context.AfterFunc(workCtx, func() { inbox.CloseHard(conn) })()
+	defer context.AfterFunc(workCtx, func() { broker.CloseHard(conn) })()
 	ch, err := conn.Channel()
 	if err != nil {
 		return fmt.Errorf("open channel: %w", err)
 	}
 	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
-	if err := inbox.DeclareTopology(ch, r.cfg.QueueType); err != nil {
+	if err := broker.DeclareTopology(ch, r.cfg.QueueType); err != nil {
 		return err
 	}
 	if err := ch.Confirm(false); err != nil {
@@ -310,7 +319,7 @@ func (r *Relay) publishBatch(ctx, workCtx context.Context, ch *amqp.Channel, ret
 	for i, row := range rows {
 		traces[i] = tracing.Text{Traceparent: row.Traceparent, Tracestate: row.Tracestate}
 	}
-	ctx, span := r.cfg.Tracer.StartPublish(ctx, inbox.ExchangeEvents, len(rows), traces)
+	ctx, span := r.cfg.Tracer.StartPublish(ctx, broker.ExchangeEvents, len(rows), traces)
 	defer span.End()
 
 	// An order's rows go out one round at a time: its first row in the
@@ -346,7 +355,7 @@ func (r *Relay) publishBatch(ctx, workCtx context.Context, ch *amqp.Channel, ret
 			}
 			// Mandatory: an event that neither a binding nor the alternate
 			// exchange's queue takes comes back, and its row stays unpublished.
-			dc, err := ch.PublishWithDeferredConfirmWithContext(workCtx, inbox.ExchangeEvents, row.RoutingKey, true, false, amqp.Publishing{
+			dc, err := ch.PublishWithDeferredConfirmWithContext(workCtx, broker.ExchangeEvents, row.RoutingKey, true, false, amqp.Publishing{
 				Headers:      traces[i].SetHeaders(nil),
 				ContentType:  "application/json",
 				DeliveryMode: amqp.Persistent,
@@ -368,7 +377,7 @@ func (r *Relay) publishBatch(ctx, workCtx context.Context, ch *amqp.Channel, ret
 		// The broker sends a return before the confirm of the same publish:
 		// every return of this round is in the channel by now.
 		returned := map[string]amqp.Return{}
-		for _, ret := range inbox.DrainReturns(returns) {
+		for _, ret := range broker.DrainReturns(returns) {
 			returned[ret.MessageId] = ret
 		}
 		for i := range confirms {
@@ -376,7 +385,7 @@ func (r *Relay) publishBatch(ctx, workCtx context.Context, ch *amqp.Channel, ret
 			if ret, ok := returned[row.IdempotencyKey]; ok {
 				confirmed[i] = false
 				reasons[i] = fmt.Sprintf("unroutable: the broker returned it (%d %s): no queue is bound for routing key %q, and %s is missing",
-					ret.ReplyCode, ret.ReplyText, ret.RoutingKey, inbox.QueueUnroutable)
+					ret.ReplyCode, ret.ReplyText, ret.RoutingKey, broker.QueueUnroutable)
 			}
 			if !confirmed[i] && row.OrderKey != "" {
 				heldBack[row.OrderKey] = true

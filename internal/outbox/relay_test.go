@@ -12,8 +12,8 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/orderconfirm/inboxd/internal/broker"
 	"github.com/orderconfirm/inboxd/internal/dbsqlc"
-	"github.com/orderconfirm/inboxd/internal/inbox"
 	"github.com/orderconfirm/inboxd/internal/loadgen"
 	"github.com/orderconfirm/inboxd/internal/outbox"
 	"github.com/orderconfirm/inboxd/internal/testenv"
@@ -32,7 +32,7 @@ type bundle struct {
 func setup(t *testing.T) *bundle {
 	t.Helper()
 	b := &bundle{db: testenv.NewDB(t), broker: testenv.NewBroker(t)}
-	require.NoError(t, loadgen.DeclareTopology(b.broker.URL, inbox.QueueTypeQuorum))
+	require.NoError(t, loadgen.DeclareTopology(b.broker.URL, broker.QueueTypeQuorum))
 	conn, err := amqp.Dial(b.broker.URL)
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = conn.Close() })
@@ -40,7 +40,7 @@ func setup(t *testing.T) *bundle {
 	require.NoError(t, err)
 	q, err := ch.QueueDeclare("downstream", true, false, false, false, nil)
 	require.NoError(t, err)
-	require.NoError(t, ch.QueueBind(q.Name, "#", inbox.ExchangeEvents, false, nil))
+	require.NoError(t, ch.QueueBind(q.Name, "#", broker.ExchangeEvents, false, nil))
 	b.received, err = ch.Consume(q.Name, "", true, false, false, false, nil)
 	require.NoError(t, err)
 	return b

@@ -7,6 +7,14 @@ import (
 	"time"
 )
 
+// Defaults of the delay between two attempts of a message (the inbox
+// worker) or of an outbox row (the relay): INBOX_RETRY_BASE and
+// INBOX_RETRY_MAX.
+const (
+	BaseDefault = time.Second
+	MaxDefault  = 5 * time.Minute
+)
+
 // Backoff returns the delay before retry number attempt (1-based): base
 // doubled per attempt and capped at max, then jittered to a random point
 // between half of that and all of it, so that retries of many callers

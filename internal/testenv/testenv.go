@@ -32,6 +32,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 
 	"github.com/orderconfirm/inboxd/internal/migrate"
 	"github.com/orderconfirm/inboxd/internal/rabbitadmin"
@@ -144,6 +145,20 @@ func startServers(ctx context.Context) (*serverSet, error) {
 func Main(m *testing.M) {
 	code := m.Run()
 	Stop()
+	os.Exit(code)
+}
+
+// MainNoLeaks is Main that, when every test passed, also fails the run on a
+// goroutine the tests leaked.
+func MainNoLeaks(m *testing.M) {
+	code := m.Run()
+	Stop()
+	if code == 0 {
+		if err := goleak.Find(goleak.IgnoreTopFunction("github.com/jackc/pgx/v5/pgxpool.(*Pool).backgroundHealthCheck")); err != nil {
+			fmt.Fprintf(os.Stderr, "goroutine leak: %v\n", err)
+			code = 1
+		}
+	}
 	os.Exit(code)
 }
 

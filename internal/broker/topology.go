@@ -1,4 +1,7 @@
-package inbox
+// Package broker holds the service's RabbitMQ contract: the names of its
+// exchanges, queues and headers, DeclareTopology, and Dial, the one way the
+// service connects.
+package broker
 
 import (
 	"context"
@@ -149,6 +152,10 @@ func DrainReturns(returns <-chan amqp.Return) []amqp.Return {
 		}
 	}
 }
+
+// HeartbeatDefault is the AMQP heartbeat interval of ingest's and the
+// relay's connections.
+const HeartbeatDefault = 10 * time.Second
 
 // Dial opens a connection to the broker at url, named name in the broker's
 // tools, with heartbeat (0 takes the broker's suggestion) detecting half-open

@@ -1,4 +1,4 @@
-package inbox_test
+package ingest_test
 
 import (
 	"context"
@@ -11,29 +11,30 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/orderconfirm/inboxd/internal/inbox"
+	"github.com/orderconfirm/inboxd/internal/broker"
+	"github.com/orderconfirm/inboxd/internal/ingest"
 	"github.com/orderconfirm/inboxd/internal/loadgen"
 	"github.com/orderconfirm/inboxd/internal/testenv"
 )
 
-type consumerBundle struct {
+type testBundle struct {
 	db     *testenv.DB
 	broker *testenv.Broker
 }
 
-func setupConsumer(t *testing.T) *consumerBundle {
+func setup(t *testing.T) *testBundle {
 	t.Helper()
-	b := &consumerBundle{db: testenv.NewDB(t), broker: testenv.NewBroker(t)}
-	require.NoError(t, loadgen.DeclareTopology(b.broker.URL, inbox.QueueTypeQuorum))
+	b := &testBundle{db: testenv.NewDB(t), broker: testenv.NewBroker(t)}
+	require.NoError(t, loadgen.DeclareTopology(b.broker.URL, broker.QueueTypeQuorum))
 	return b
 }
 
 // start runs a consumer until the test ends (or until the returned stop).
-func (b *consumerBundle) start(t *testing.T, cfg inbox.ConsumerConfig) (stop func()) {
+func (b *testBundle) start(t *testing.T, cfg ingest.Config) (stop func()) {
 	t.Helper()
 	cfg.URL = b.broker.URL
 	cfg.Logger = testenv.Logger(t)
-	c, err := inbox.NewConsumer(b.db.Pool, &cfg)
+	c, err := ingest.New(b.db.Pool, &cfg)
 	require.NoError(t, err)
 	require.NoError(t, c.Start(t.Context()))
 	require.Eventually(t, c.Consuming, 10*time.Second, 10*time.Millisecond)
@@ -50,7 +51,7 @@ func (b *consumerBundle) start(t *testing.T, cfg inbox.ConsumerConfig) (stop fun
 	return stop
 }
 
-func (b *consumerBundle) inboxCount(t *testing.T) int {
+func (b *testBundle) inboxCount(t *testing.T) int {
 	t.Helper()
 	var n int
 	require.NoError(t, b.db.Pool.QueryRow(context.WithoutCancel(t.Context()), "SELECT count(*) FROM inbox").Scan(&n))
@@ -66,13 +67,13 @@ func messages(prefix string, n int) []loadgen.Message {
 	return msgs
 }
 
-func TestConsumer(t *testing.T) {
+func TestIngest(t *testing.T) {
 	t.Parallel()
 
 	t.Run("StoresEachMessageOnceAndAcksIt", func(t *testing.T) {
 		t.Parallel()
-		b := setupConsumer(t)
-		stop := b.start(t, inbox.ConsumerConfig{BatchSize: 50})
+		b := setup(t)
+		stop := b.start(t, ingest.Config{BatchSize: 50})
 		msgs := messages("m", 300)
 		msgs = append(msgs, msgs[:90]...) // redeliveries under the same ids
 		msgs = append(msgs, messages("last", 1)...)
@@ -83,9 +84,9 @@ func TestConsumer(t *testing.T) {
 		stop() // unacknowledged deliveries return to the queue now
 		// Once the broker has removed the consumer, it has requeued what
 		// that consumer held.
-		require.Eventually(t, func() bool { return b.broker.Queue(t, inbox.QueueInbox).Consumers == 0 },
+		require.Eventually(t, func() bool { return b.broker.Queue(t, broker.QueueInbox).Consumers == 0 },
 			10*time.Second, 10*time.Millisecond, "the broker dropped the stopped consumer")
-		require.Zero(t, b.broker.ReadyMessages(t, inbox.QueueInbox), "every delivery was acknowledged")
+		require.Zero(t, b.broker.ReadyMessages(t, broker.QueueInbox), "every delivery was acknowledged")
 		require.Equal(t, 301, b.inboxCount(t))
 
 		var want []string
@@ -98,10 +99,10 @@ func TestConsumer(t *testing.T) {
 
 	t.Run("RecordsConflictingDuplicatesAndKeepsTheFirstPayload", func(t *testing.T) {
 		t.Parallel()
-		b := setupConsumer(t)
+		b := setup(t)
 		var mu sync.Mutex
-		var total inbox.IngestStats
-		b.start(t, inbox.ConsumerConfig{BatchSize: 50, Observe: func(s inbox.IngestStats) {
+		var total ingest.Stats
+		b.start(t, ingest.Config{BatchSize: 50, Observe: func(s ingest.Stats) {
 			mu.Lock()
 			defer mu.Unlock()
 			total.Duplicates += s.Duplicates
@@ -146,8 +147,8 @@ func TestConsumer(t *testing.T) {
 
 	t.Run("DeadLettersWhatCannotBeStored", func(t *testing.T) {
 		t.Parallel()
-		b := setupConsumer(t)
-		b.start(t, inbox.ConsumerConfig{MaxMessageBytes: 1024})
+		b := setup(t)
+		b.start(t, ingest.Config{MaxMessageBytes: 1024})
 
 		require.NoError(t, loadgen.Publish(t.Context(), b.broker.URL, []loadgen.Message{
 			{RoutingKey: "order.created", Body: []byte(`{"orderId":"no-id"}`)},
@@ -158,11 +159,11 @@ func TestConsumer(t *testing.T) {
 		}, 10))
 
 		reasons := map[string]string{}
-		for _, d := range b.broker.Receive(t, inbox.QueueDead, 4) {
-			reason, _ := d.Headers[inbox.HeaderRejectReason].(string)
+		for _, d := range b.broker.Receive(t, broker.QueueDead, 4) {
+			reason, _ := d.Headers[broker.HeaderRejectReason].(string)
 			reasons[d.MessageId] = reason
-			require.Equal(t, inbox.ExchangeOrders, d.Headers[inbox.HeaderOriginalExchange])
-			require.Equal(t, "order.created", d.Headers[inbox.HeaderOriginalRoutingKey])
+			require.Equal(t, broker.ExchangeOrders, d.Headers[broker.HeaderOriginalExchange])
+			require.Equal(t, "order.created", d.Headers[broker.HeaderOriginalRoutingKey])
 			if d.MessageId == "too-big" {
 				require.Len(t, d.Body, 1025, "the body is kept")
 			}
@@ -177,8 +178,8 @@ func TestConsumer(t *testing.T) {
 
 	t.Run("DerivesAMissingMessageIDWhenAskedTo", func(t *testing.T) {
 		t.Parallel()
-		b := setupConsumer(t)
-		b.start(t, inbox.ConsumerConfig{DeriveMissingMessageID: true})
+		b := setup(t)
+		b.start(t, ingest.Config{DeriveMissingMessageID: true})
 		msgs := []loadgen.Message{
 			{RoutingKey: "order.created", Body: []byte(`{"orderId":"a"}`)},
 			{RoutingKey: "order.created", Body: []byte(`{"orderId":"a"}`)},
@@ -193,33 +194,33 @@ func TestConsumer(t *testing.T) {
 
 	t.Run("NeverAcksAFailedInsert", func(t *testing.T) {
 		t.Parallel()
-		b := setupConsumer(t)
+		b := setup(t)
 		// Every insert fails while the table is renamed away.
 		_, err := b.db.Pool.Exec(t.Context(), "ALTER TABLE inbox RENAME TO inbox_away")
 		require.NoError(t, err)
-		stop := b.start(t, inbox.ConsumerConfig{BatchSize: 10, Prefetch: 50})
+		stop := b.start(t, ingest.Config{BatchSize: 10, Prefetch: 50})
 		require.NoError(t, loadgen.Publish(t.Context(), b.broker.URL, messages("m", 50), 50))
-		require.Eventually(t, func() bool { return b.broker.ReadyMessages(t, inbox.QueueInbox) == 0 }, 10*time.Second, 20*time.Millisecond,
+		require.Eventually(t, func() bool { return b.broker.ReadyMessages(t, broker.QueueInbox) == 0 }, 10*time.Second, 20*time.Millisecond,
 			"the consumer took the deliveries")
 		time.Sleep(200 * time.Millisecond) // let it fail and retry a few times
 		stop()
 		// The broker requeues a closed channel's unacknowledged deliveries
 		// asynchronously.
-		require.Eventually(t, func() bool { return b.broker.ReadyMessages(t, inbox.QueueInbox) == 50 }, 10*time.Second, 20*time.Millisecond,
+		require.Eventually(t, func() bool { return b.broker.ReadyMessages(t, broker.QueueInbox) == 50 }, 10*time.Second, 20*time.Millisecond,
 			"nothing was acknowledged")
 
 		_, err = b.db.Pool.Exec(t.Context(), "ALTER TABLE inbox_away RENAME TO inbox")
 		require.NoError(t, err)
-		stop = b.start(t, inbox.ConsumerConfig{})
+		stop = b.start(t, ingest.Config{})
 		require.Eventually(t, func() bool { return b.inboxCount(t) == 50 }, 20*time.Second, 20*time.Millisecond)
 		stop()
-		require.Zero(t, b.broker.ReadyMessages(t, inbox.QueueInbox))
+		require.Zero(t, b.broker.ReadyMessages(t, broker.QueueInbox))
 	})
 
 	t.Run("ReconnectsWhenTheBrokerClosesTheConnection", func(t *testing.T) {
 		t.Parallel()
-		b := setupConsumer(t)
-		b.start(t, inbox.ConsumerConfig{})
+		b := setup(t)
+		b.start(t, ingest.Config{})
 		require.NoError(t, loadgen.Publish(t.Context(), b.broker.URL, messages("a", 100), 100))
 		require.Eventually(t, func() bool { return b.inboxCount(t) == 100 }, 20*time.Second, 20*time.Millisecond)
 		require.Positive(t, b.broker.CloseConnections(t, "inboxd ingest"))
@@ -228,10 +229,10 @@ func TestConsumer(t *testing.T) {
 	})
 }
 
-func TestConsumerNoticesItsQueueDeleted(t *testing.T) {
+func TestIngestNoticesItsQueueDeleted(t *testing.T) {
 	t.Parallel()
-	b := setupConsumer(t)
-	b.start(t, inbox.ConsumerConfig{})
+	b := setup(t)
+	b.start(t, ingest.Config{})
 	require.NoError(t, loadgen.Publish(t.Context(), b.broker.URL, messages("a", 50), 50))
 	require.Eventually(t, func() bool { return b.inboxCount(t) == 50 }, 20*time.Second, 20*time.Millisecond)
 
@@ -240,7 +241,7 @@ func TestConsumerNoticesItsQueueDeleted(t *testing.T) {
 	defer conn.Close()
 	ch, err := conn.Channel()
 	require.NoError(t, err)
-	_, err = ch.QueueDelete(inbox.QueueInbox, false, false, false)
+	_, err = ch.QueueDelete(broker.QueueInbox, false, false, false)
 	require.NoError(t, err)
 
 	// The broker cancels the consumer; ingest reconnects and declares the

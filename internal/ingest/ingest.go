@@ -1,4 +1,6 @@
-package inbox
+// Package ingest moves deliveries from the broker into the inbox table,
+// acknowledging each only once its row has committed.
+package ingest
 
 import (
 	"cmp"
@@ -17,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/orderconfirm/inboxd/internal/broker"
 	"github.com/orderconfirm/inboxd/internal/dbsqlc"
 	"github.com/orderconfirm/inboxd/internal/retry"
 	"github.com/orderconfirm/inboxd/internal/startstop"
@@ -26,16 +29,19 @@ import (
 // MaxMessageIDBytes is the longest message_id (and type) ingest stores.
 const MaxMessageIDBytes = 255
 
-// Defaults of ConsumerConfig.
+// Defaults of Config.
 const (
 	// MaxMessageBytesDefault is the largest body ingest stores.
 	MaxMessageBytesDefault = 1 << 20
-	// IngestMaxInflightBytesDefault bounds the bodies ingest holds unacked.
-	IngestMaxInflightBytesDefault = 256 << 20
+	// MaxInflightBytesDefault bounds the bodies ingest holds unacked.
+	MaxInflightBytesDefault = 256 << 20
+	BatchSizeDefault        = 500
+	LingerDefault           = 5 * time.Millisecond
+	StoreTimeoutDefault     = 10 * time.Second
 )
 
-// ConsumerConfig configures a Consumer.
-type ConsumerConfig struct {
+// Config configures a Ingest.
+type Config struct {
 	// URL is the AMQP URL of the broker. Required.
 	URL string
 	// Logger receives the consumer's logs. Defaults to slog.Default().
@@ -43,8 +49,8 @@ type ConsumerConfig struct {
 	// ConnectionName is shown by the broker for the consumer's connection.
 	// Defaults to "inboxd ingest".
 	ConnectionName string
-	// QueueType is the type of the declared queues, QueueTypeQuorum or
-	// QueueTypeClassic. Defaults to QueueTypeQuorum.
+	// QueueType is the type of the declared queues, broker.QueueTypeQuorum or
+	// broker.QueueTypeClassic. Defaults to broker.QueueTypeQuorum.
 	QueueType string
 	// BatchSize is the most deliveries stored per insert. Defaults to 500.
 	BatchSize int
@@ -55,7 +61,7 @@ type ConsumerConfig struct {
 	// not yet acknowledged: it sizes Prefetch, and a batch is stored once
 	// its bodies reach half of it. The bound holds when the broker's own
 	// max_message_size is MaxMessageBytes. Defaults to
-	// IngestMaxInflightBytesDefault (256 MiB).
+	// MaxInflightBytesDefault (256 MiB).
 	MaxInflightBytes int
 	// Prefetch is the number of unacknowledged deliveries the broker may send
 	// ahead. Defaults to MaxInflightBytes / MaxMessageBytes (256 with the
@@ -85,15 +91,15 @@ type ConsumerConfig struct {
 	OrderingKey func(messageType string, body []byte) string
 	// Observe, when set, is told about every batch ingest acknowledged. It
 	// must not block.
-	Observe func(IngestStats)
+	Observe func(Stats)
 	// Tracer starts the receive span of each batch. Defaults to
 	// tracing.PropagateOnly(). Whatever it is, the trace context of each
 	// delivery is stored with its inbox row.
 	Tracer *tracing.Tracer
 }
 
-// IngestStats describes one acknowledged ingest batch.
-type IngestStats struct {
+// Stats describes one acknowledged ingest batch.
+type Stats struct {
 	// Deliveries is the size of the batch.
 	Deliveries int
 	// Inserted counts the new inbox rows, Duplicates the deliveries whose
@@ -105,45 +111,45 @@ type IngestStats struct {
 	Conflicts int
 }
 
-func (c *ConsumerConfig) withDefaults() (*ConsumerConfig, error) {
+func (c *Config) withDefaults() (*Config, error) {
 	out := *c
 	out.Logger = cmp.Or(out.Logger, slog.Default())
 	out.ConnectionName = cmp.Or(out.ConnectionName, "inboxd ingest")
-	out.QueueType = cmp.Or(out.QueueType, QueueTypeQuorum)
-	out.BatchSize = cmp.Or(out.BatchSize, 500)
-	out.Linger = cmp.Or(out.Linger, 5*time.Millisecond)
+	out.QueueType = cmp.Or(out.QueueType, broker.QueueTypeQuorum)
+	out.BatchSize = cmp.Or(out.BatchSize, BatchSizeDefault)
+	out.Linger = cmp.Or(out.Linger, LingerDefault)
 	out.MaxMessageBytes = cmp.Or(out.MaxMessageBytes, MaxMessageBytesDefault)
-	out.MaxInflightBytes = cmp.Or(out.MaxInflightBytes, IngestMaxInflightBytesDefault)
+	out.MaxInflightBytes = cmp.Or(out.MaxInflightBytes, MaxInflightBytesDefault)
 	out.Prefetch = cmp.Or(out.Prefetch, min(max(out.MaxInflightBytes/out.MaxMessageBytes, 1), 65535))
-	out.Heartbeat = cmp.Or(out.Heartbeat, 10*time.Second)
-	out.StoreTimeout = cmp.Or(out.StoreTimeout, 10*time.Second)
+	out.Heartbeat = cmp.Or(out.Heartbeat, broker.HeartbeatDefault)
+	out.StoreTimeout = cmp.Or(out.StoreTimeout, StoreTimeoutDefault)
 	out.Tracer = cmp.Or(out.Tracer, tracing.PropagateOnly())
 	switch {
 	case out.URL == "":
-		return nil, errors.New("consumer: URL is required")
-	case out.QueueType != QueueTypeQuorum && out.QueueType != QueueTypeClassic:
-		return nil, fmt.Errorf("consumer: QueueType must be %q or %q, got %q", QueueTypeQuorum, QueueTypeClassic, out.QueueType)
+		return nil, errors.New("ingest: URL is required")
+	case out.QueueType != broker.QueueTypeQuorum && out.QueueType != broker.QueueTypeClassic:
+		return nil, fmt.Errorf("ingest: QueueType must be %q or %q, got %q", broker.QueueTypeQuorum, broker.QueueTypeClassic, out.QueueType)
 	case out.BatchSize < 1, out.Prefetch < 1, out.MaxMessageBytes < 1, out.MaxInflightBytes < 1:
-		return nil, errors.New("consumer: BatchSize, Prefetch, MaxMessageBytes and MaxInflightBytes must be positive")
+		return nil, errors.New("ingest: BatchSize, Prefetch, MaxMessageBytes and MaxInflightBytes must be positive")
 	case out.Linger <= 0, out.Heartbeat <= 0, out.StoreTimeout <= 0:
-		return nil, errors.New("consumer: Linger, Heartbeat and StoreTimeout must be positive")
+		return nil, errors.New("ingest: Linger, Heartbeat and StoreTimeout must be positive")
 	}
 	return &out, nil
 }
 
-// Consumer is the ingest side of the inbox. It consumes QueueInbox, stores
+// Ingest is the ingest side of the inbox. It consumes broker.QueueInbox, stores
 // each batch of deliveries with one INSERT ... ON CONFLICT DO NOTHING, and
 // acknowledges the batch only after that insert has committed. Deliveries
 // that cannot be stored (no message id, too large) are published to
-// ExchangeDeadLetter with the reason in HeaderRejectReason, and acknowledged
+// broker.ExchangeDeadLetter with the reason in broker.HeaderRejectReason, and acknowledged
 // only once the broker has confirmed that publish.
 //
 // It reconnects with backoff whenever the connection or a channel closes and
 // redeclares the topology each time. A delivery is only ever acknowledged on
 // the channel that delivered it.
-type Consumer struct {
+type Ingest struct {
 	pool    *pgxpool.Pool
-	cfg     *ConsumerConfig
+	cfg     *Config
 	logger  *slog.Logger
 	queries *dbsqlc.Queries
 
@@ -152,13 +158,13 @@ type Consumer struct {
 	service startstop.Service
 }
 
-// NewConsumer returns a Consumer that stores deliveries through pool.
-func NewConsumer(pool *pgxpool.Pool, cfg *ConsumerConfig) (*Consumer, error) {
+// New returns a Ingest that stores deliveries through pool.
+func New(pool *pgxpool.Pool, cfg *Config) (*Ingest, error) {
 	c, err := cfg.withDefaults()
 	if err != nil {
 		return nil, err
 	}
-	return &Consumer{
+	return &Ingest{
 		pool:    pool,
 		cfg:     c,
 		logger:  c.Logger.With(slog.String("component", "inbox.ingest")),
@@ -169,10 +175,10 @@ func NewConsumer(pool *pgxpool.Pool, cfg *ConsumerConfig) (*Consumer, error) {
 // Consuming reports whether the consumer is registered with the broker:
 // receiving, or standing by while another process is the queue's single
 // active consumer.
-func (c *Consumer) Consuming() bool { return c.consuming.Load() }
+func (c *Ingest) Consuming() bool { return c.consuming.Load() }
 
 // Start connects in the background and returns at once.
-func (c *Consumer) Start(ctx context.Context) error {
+func (c *Ingest) Start(ctx context.Context) error {
 	return c.service.Start(ctx, c.run)
 }
 
@@ -181,13 +187,13 @@ func (c *Consumer) Start(ctx context.Context) error {
 // consumer. When ctx ends first, the batches in
 // flight are abandoned unacknowledged (the broker redelivers them), and Stop
 // returns once the connection is closed.
-func (c *Consumer) Stop(ctx context.Context) {
+func (c *Ingest) Stop(ctx context.Context) {
 	if !c.service.Stop(ctx) {
 		c.logger.Error("did not stop within the grace period; left behind")
 	}
 }
 
-func (c *Consumer) run(fetchCtx, workCtx context.Context) {
+func (c *Ingest) run(fetchCtx, workCtx context.Context) {
 	failures := 0
 	for fetchCtx.Err() == nil {
 		started := time.Now()
@@ -210,8 +216,8 @@ func (c *Consumer) run(fetchCtx, workCtx context.Context) {
 
 // session runs one connection: it declares the topology and consumes on one
 // channel until the connection or the channel fails, or until fetchCtx ends.
-func (c *Consumer) session(fetchCtx, workCtx context.Context) error {
-	conn, err := Dial(c.cfg.URL, c.cfg.ConnectionName, c.cfg.Heartbeat)
+func (c *Ingest) session(fetchCtx, workCtx context.Context) error {
+	conn, err := broker.Dial(c.cfg.URL, c.cfg.ConnectionName, c.cfg.Heartbeat)
 	if err != nil {
 		return err
 	}
@@ -220,7 +226,7 @@ func (c *Consumer) session(fetchCtx, workCtx context.Context) error {
 	// Dead letters go out on a connection of their own: under a memory or
 	// disk alarm the broker blocks publishing connections, and this one
 	// carries the acks of everything ingest stores.
-	pubConn, err := Dial(c.cfg.URL, c.cfg.ConnectionName+" dead letters", c.cfg.Heartbeat)
+	pubConn, err := broker.Dial(c.cfg.URL, c.cfg.ConnectionName+" dead letters", c.cfg.Heartbeat)
 	if err != nil {
 		return err
 	}
@@ -228,13 +234,13 @@ func (c *Consumer) session(fetchCtx, workCtx context.Context) error {
 	pubClosed := pubConn.NotifyClose(make(chan *amqp.Error, 1))
 	// Past the grace period nothing waits on the broker: closing the
 	// connections ends every publish, confirm and read in flight.
-	defer context.AfterFunc(workCtx, func() { CloseHard(conn, pubConn) })()
+	defer context.AfterFunc(workCtx, func() { broker.CloseHard(conn, pubConn) })()
 
 	ch, err := conn.Channel()
 	if err != nil {
 		return fmt.Errorf("open channel: %w", err)
 	}
-	if err := DeclareTopology(ch, c.cfg.QueueType); err != nil {
+	if err := broker.DeclareTopology(ch, c.cfg.QueueType); err != nil {
 		return err
 	}
 	_ = ch.Close()
@@ -268,7 +274,7 @@ func (c *Consumer) session(fetchCtx, workCtx context.Context) error {
 // consume runs the consuming channel and its batches. Batches are stored one
 // after the other, each after the one before it has committed, so that the
 // inbox's ids follow the order in which the broker delivered the messages.
-func (c *Consumer) consume(sessCtx, workCtx context.Context, conn, pubConn *amqp.Connection) error {
+func (c *Ingest) consume(sessCtx, workCtx context.Context, conn, pubConn *amqp.Connection) error {
 	ch, err := conn.Channel()
 	if err != nil {
 		return fmt.Errorf("open channel: %w", err)
@@ -294,9 +300,9 @@ func (c *Consumer) consume(sessCtx, workCtx context.Context, conn, pubConn *amqp
 	dlReturns := dlch.NotifyReturn(make(chan amqp.Return, c.cfg.BatchSize))
 
 	tag := c.cfg.ConnectionName
-	deliveries, err := ch.Consume(QueueInbox, tag, false, false, false, false, nil)
+	deliveries, err := ch.Consume(broker.QueueInbox, tag, false, false, false, false, nil)
 	if err != nil {
-		return fmt.Errorf("consume %q: %w", QueueInbox, err)
+		return fmt.Errorf("consume %q: %w", broker.QueueInbox, err)
 	}
 	c.consuming.Store(true)
 	defer c.consuming.Store(false)
@@ -354,7 +360,7 @@ func closedError(what string, amqpErr *amqp.Error) error {
 	return fmt.Errorf("%s closed: %w", what, amqpErr)
 }
 
-func (c *Consumer) channelError(chClosed <-chan *amqp.Error, fallback string) error {
+func (c *Ingest) channelError(chClosed <-chan *amqp.Error, fallback string) error {
 	select {
 	case amqpErr := <-chClosed:
 		if amqpErr != nil {
@@ -367,7 +373,7 @@ func (c *Consumer) channelError(chClosed <-chan *amqp.Error, fallback string) er
 
 // batch accumulates deliveries of one channel until they are flushed.
 type batch struct {
-	consumer   *Consumer
+	consumer   *Ingest
 	ch         *amqp.Channel
 	dlch       *amqp.Channel
 	dlReturns  <-chan amqp.Return
@@ -429,7 +435,7 @@ func (b *batch) flush(ctx context.Context) error {
 			origins = append(origins, r.trace)
 		}
 	}
-	ctx, span := c.cfg.Tracer.StartReceive(ctx, QueueInbox, len(b.deliveries), origins)
+	ctx, span := c.cfg.Tracer.StartReceive(ctx, broker.QueueInbox, len(b.deliveries), origins)
 	defer span.End()
 
 	res, err := c.storeUntilDone(ctx, b, rows)
@@ -456,7 +462,7 @@ func (b *batch) flush(ctx context.Context) error {
 		slog.Int("duplicates", len(rows)-len(dbRejects)-inserted),
 		slog.Int("dead_lettered", len(rejects)))
 	if c.cfg.Observe != nil {
-		c.cfg.Observe(IngestStats{
+		c.cfg.Observe(Stats{
 			Deliveries:   len(b.deliveries),
 			Inserted:     inserted,
 			Duplicates:   len(rows) - len(dbRejects) - inserted,
@@ -472,7 +478,7 @@ func (b *batch) flush(ctx context.Context) error {
 }
 
 // classify turns a delivery into a row, or says why it cannot be stored.
-func (c *Consumer) classify(d amqp.Delivery) (row, string) {
+func (c *Ingest) classify(d amqp.Delivery) (row, string) {
 	if len(d.Body) > c.cfg.MaxMessageBytes {
 		return row{}, fmt.Sprintf("message too large: %d bytes, the limit is %d", len(d.Body), c.cfg.MaxMessageBytes)
 	}
@@ -532,7 +538,7 @@ type stored struct {
 // this channel meanwhile, so ingest pauses instead of failing them. It gives
 // up when ctx ends, the session stops or the channel closes (the broker then
 // redelivers).
-func (c *Consumer) storeUntilDone(ctx context.Context, b *batch, rows []row) (stored, error) {
+func (c *Ingest) storeUntilDone(ctx context.Context, b *batch, rows []row) (stored, error) {
 	for attempt := 1; ; attempt++ {
 		res, err := c.store(ctx, rows)
 		if err == nil {
@@ -560,7 +566,7 @@ func (c *Consumer) storeUntilDone(ctx context.Context, b *batch, rows []row) (st
 //
 // A failure whose outcome is unknown (the connection dropped around the
 // commit) is safe to retry: rows that did commit come back as duplicates.
-func (c *Consumer) store(ctx context.Context, rows []row) (stored, error) {
+func (c *Ingest) store(ctx context.Context, rows []row) (stored, error) {
 	if len(rows) == 0 {
 		return stored{}, nil
 	}
@@ -591,7 +597,7 @@ func (c *Consumer) store(ctx context.Context, rows []row) (stored, error) {
 
 // insert stores rows with one INSERT ... ON CONFLICT DO NOTHING, then looks
 // at the duplicates, if any, for conflicting payloads.
-func (c *Consumer) insert(ctx context.Context, rows []row) (stored, error) {
+func (c *Ingest) insert(ctx context.Context, rows []row) (stored, error) {
 	ctx, cancel := context.WithTimeout(ctx, c.cfg.StoreTimeout)
 	defer cancel()
 	p := dbsqlc.InboxInsertManyParams{
@@ -666,11 +672,11 @@ func isDataError(err error) bool {
 	return strings.HasPrefix(pgErr.Code, "22") || strings.HasPrefix(pgErr.Code, "23")
 }
 
-// deadLetter publishes rejected deliveries to ExchangeDeadLetter with the
+// deadLetter publishes rejected deliveries to broker.ExchangeDeadLetter with the
 // reason in a header, and waits for the broker to confirm every publish. A
 // dead letter that no queue took is an error: the batch then stays
-// unacknowledged, and the next session declares QueueDead again.
-func (c *Consumer) deadLetter(ctx context.Context, dlch *amqp.Channel, returns <-chan amqp.Return, rejects []rejection) error {
+// unacknowledged, and the next session declares broker.QueueDead again.
+func (c *Ingest) deadLetter(ctx context.Context, dlch *amqp.Channel, returns <-chan amqp.Return, rejects []rejection) error {
 	confirms := make([]*amqp.DeferredConfirmation, 0, len(rejects))
 	for _, r := range rejects {
 		d := r.delivery
@@ -678,10 +684,10 @@ func (c *Consumer) deadLetter(ctx context.Context, dlch *amqp.Channel, returns <
 		for k, v := range d.Headers {
 			headers[k] = v
 		}
-		headers[HeaderRejectReason] = r.reason
-		headers[HeaderOriginalExchange] = d.Exchange
-		headers[HeaderOriginalRoutingKey] = d.RoutingKey
-		dc, err := dlch.PublishWithDeferredConfirmWithContext(ctx, ExchangeDeadLetter, d.RoutingKey, true, false, amqp.Publishing{
+		headers[broker.HeaderRejectReason] = r.reason
+		headers[broker.HeaderOriginalExchange] = d.Exchange
+		headers[broker.HeaderOriginalRoutingKey] = d.RoutingKey
+		dc, err := dlch.PublishWithDeferredConfirmWithContext(ctx, broker.ExchangeDeadLetter, d.RoutingKey, true, false, amqp.Publishing{
 			Headers:         headers,
 			ContentType:     d.ContentType,
 			ContentEncoding: d.ContentEncoding,
@@ -711,9 +717,9 @@ func (c *Consumer) deadLetter(ctx context.Context, dlch *amqp.Channel, returns <
 		}
 	}
 	// A return comes before the confirm of its publish.
-	n := len(DrainReturns(returns))
+	n := len(broker.DrainReturns(returns))
 	if n > 0 {
-		return fmt.Errorf("%d dead letters returned unroutable: is %s missing?", n, QueueDead)
+		return fmt.Errorf("%d dead letters returned unroutable: is %s missing?", n, broker.QueueDead)
 	}
 	return nil
 }
