@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"os"
 	"slices"
 	"strconv"
@@ -92,6 +93,7 @@ func (e *benchEnv) newPool(ctx context.Context, maxConns int32) (*pgxpool.Pool, 
 		return nil, err
 	}
 	cfg.MaxConns = maxConns
+	maps.Copy(cfg.ConnConfig.RuntimeParams, pipeline.PlannerSettings())
 	return pgxpool.NewWithConfig(ctx, cfg)
 }
 

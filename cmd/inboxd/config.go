@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"net/url"
 	"strconv"
@@ -21,6 +22,7 @@ import (
 	"github.com/orderconfirm/inboxd/internal/janitor"
 	"github.com/orderconfirm/inboxd/internal/migrate"
 	"github.com/orderconfirm/inboxd/internal/outbox"
+	"github.com/orderconfirm/inboxd/internal/pipeline"
 	"github.com/orderconfirm/inboxd/internal/retry"
 )
 
@@ -216,11 +218,7 @@ func loadConfig(getenv func(string) string, command string) (*config, error) {
 	rp["statement_timeout"] = strconv.FormatInt(c.statementTimeout.Milliseconds(), 10)
 	rp["idle_in_transaction_session_timeout"] = strconv.FormatInt(c.idleInTxTimeout.Milliseconds(), 10)
 	rp["lock_timeout"] = strconv.FormatInt(c.lockTimeout.Milliseconds(), 10)
-	// Plan every statement for the tables as they are now. A generic plan
-	// is kept until something invalidates it, and without ANALYZE (no
-	// autovacuum) nothing does: one made while the inbox was empty
-	// scans the whole inbox on every batch once it holds a million rows.
-	rp["plan_cache_mode"] = "force_custom_plan"
+	maps.Copy(rp, pipeline.PlannerSettings())
 	return c, nil
 }
 
