@@ -53,19 +53,30 @@ WHERE inbox.id IN (
 RETURNING inbox.id, inbox.claimed_at::timestamptz AS claimed_at;
 
 -- name: InboxClaimUnfinished :many
--- InboxClaimUnfinished claims the oldest message whose last claim never
--- recorded an outcome (the process died, or lost its transaction, while
--- handling it), counts an attempt for it, and writes the lost attempt to
--- inbox_attempts as abandoned. A claim younger than lease_seconds is left
--- alone, as its worker may be about to lock the row; a row that a worker
--- has locked is skipped. As in InboxClaimBatch, a message waits while an
--- earlier message of its order is open.
+-- InboxClaimUnfinished claims up to max_rows of the oldest messages whose
+-- last claim never recorded an outcome (the process died, or lost its
+-- transaction, while handling them), counts an attempt for each, and writes
+-- the lost attempt to inbox_attempts as abandoned. A claim younger than
+-- lease_seconds is left alone, as its worker may be about to lock the row;
+-- a row that a worker has locked is skipped. As in InboxClaimBatch, a
+-- message waits while an earlier message of its order is open.
+--
+-- With first_loss_only, it claims only messages that lost no claim before
+-- in their run (no abandoned attempt since the last replay). Most lost
+-- claims are those of a replica stopped from outside (a deploy, a lost
+-- node, an OOM kill): the worker takes those over a batch at a time. A
+-- message that loses its claim again may be the one that kills its
+-- process, and is taken over alone.
 WITH target AS (
     SELECT i.id, i.message_id, i.attempts, i.replay_count, i.claimed_at, i.claimed_by, i.claimed_build
     FROM inbox i
     WHERE i.status = 'pending'
       AND i.next_attempt_at <= now()
       AND i.claimed_at < now() - make_interval(secs => sqlc.arg(lease_seconds)::float8)
+      AND (NOT sqlc.arg(first_loss_only)::boolean OR NOT EXISTS (
+          SELECT 1 FROM inbox_attempts a
+          WHERE a.inbox_id = i.id AND a.run = i.replay_count AND a.outcome = 'abandoned'
+      ))
       AND (i.order_key IS NULL OR NOT EXISTS (
           SELECT 1 FROM inbox e
           WHERE e.order_key = i.order_key
@@ -73,7 +84,7 @@ WITH target AS (
             AND e.status <> 'processed'
       ))
     ORDER BY i.id
-    LIMIT 1
+    LIMIT sqlc.arg(max_rows)
     FOR UPDATE OF i SKIP LOCKED
 ), claimed AS (
     UPDATE inbox

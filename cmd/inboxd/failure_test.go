@@ -38,7 +38,9 @@ func TestCrashLoopEndsDead(t *testing.T) {
 		if p.exited() {
 			crashes++
 		} else {
-			p.kill()
+			// Stopped gracefully: a SIGKILL here would cost the message
+			// in flight an attempt the poison message did not.
+			p.terminate(30 * time.Second)
 		}
 	}
 	require.Equal(t, maxAttempts, crashes, "the process died once per attempt, then the message was given up")

@@ -163,3 +163,48 @@ func TestOversizedBodiesStayWithinTheBudget(t *testing.T) {
 		}
 	}
 }
+
+// Acceptance: a replica killed with SIGKILL while a backlog drains. Another
+// replica takes its claimed messages over once their lease has run out, a
+// batch at a time, beside the backlog: within the lease and a poll
+// interval (and a margin for this machine), not after the backlog.
+// TAKEOVER_TEST_BACKLOG sets the backlog (20,000 by default; the README's
+// figure is of 50,000).
+func TestAKilledReplicasClaimsAreTakenOverDuringABacklog(t *testing.T) {
+	t.Parallel()
+	backlog := 20_000
+	if v := os.Getenv("TAKEOVER_TEST_BACKLOG"); v != "" {
+		n, err := strconv.Atoi(v)
+		require.NoError(t, err)
+		backlog = n
+	}
+	b := setup(t)
+	const lease, poll = time.Second, 200 * time.Millisecond
+	env := serviceEnv(b.db, b.broker, "INBOX_CLAIM_LEASE="+lease.String(), "INBOX_POLL_INTERVAL="+poll.String())
+	w := loadgen.Generate(loadgen.Spec{Orders: backlog, Seed: 13})
+	require.NoError(t, loadgen.Publish(t.Context(), b.broker.URL, w.Messages, 500))
+
+	const claimedNow = "SELECT count(*) FROM inbox WHERE status = 'pending' AND claimed_at IS NOT NULL"
+	a := startProcess(t, env)
+	require.Eventually(t, func() bool { return b.count(t, claimedNow) >= 1000 }, time.Minute, 5*time.Millisecond)
+	a.kill()
+	killed := time.Now()
+	claimed := b.db.Strings(t, "SELECT message_id FROM inbox WHERE status = 'pending' AND claimed_at IS NOT NULL")
+	require.NotEmpty(t, claimed)
+
+	startProcess(t, env)
+	const open = "SELECT count(*) FROM inbox WHERE message_id = ANY($1) AND status <> 'processed'"
+	require.Eventually(t, func() bool { return b.count(t, open, claimed) == 0 }, 2*time.Minute, 20*time.Millisecond)
+	var last time.Time
+	require.NoError(t, b.db.Pool.QueryRow(t.Context(),
+		"SELECT max(processed_at) FROM inbox WHERE message_id = ANY($1)", claimed).Scan(&last))
+	after := b.count(t, "SELECT count(*) FROM inbox WHERE processed_at > $1 OR status = 'pending'", last)
+	took := last.Sub(killed)
+	t.Logf("%d claims of the killed replica handled %s after the kill (lease %s, poll %s), with %d of the backlog of %d still to handle",
+		len(claimed), took.Round(time.Millisecond), lease, poll, after, backlog)
+	require.Less(t, took, lease+poll+5*time.Second, "taken over at the pace of batches")
+	require.Positive(t, after, "taken over before the backlog was drained")
+
+	b.waitDrained(t, w.UniqueMessageIDs, 2*time.Minute)
+	b.requireExactlyOnce(t, w)
+}

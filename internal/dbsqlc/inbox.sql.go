@@ -83,6 +83,10 @@ WITH target AS (
     WHERE i.status = 'pending'
       AND i.next_attempt_at <= now()
       AND i.claimed_at < now() - make_interval(secs => $1::float8)
+      AND (NOT $2::boolean OR NOT EXISTS (
+          SELECT 1 FROM inbox_attempts a
+          WHERE a.inbox_id = i.id AND a.run = i.replay_count AND a.outcome = 'abandoned'
+      ))
       AND (i.order_key IS NULL OR NOT EXISTS (
           SELECT 1 FROM inbox e
           WHERE e.order_key = i.order_key
@@ -90,14 +94,14 @@ WITH target AS (
             AND e.status <> 'processed'
       ))
     ORDER BY i.id
-    LIMIT 1
+    LIMIT $3
     FOR UPDATE OF i SKIP LOCKED
 ), claimed AS (
     UPDATE inbox
     SET attempts = inbox.attempts + 1,
         claimed_at = now(),
-        claimed_by = $2::text,
-        claimed_build = $3::text
+        claimed_by = $4::text,
+        claimed_build = $5::text
     FROM target
     WHERE inbox.id = target.id
     RETURNING inbox.id, inbox.claimed_at
@@ -113,9 +117,11 @@ SELECT id, claimed_at::timestamptz AS claimed_at FROM claimed
 `
 
 type InboxClaimUnfinishedParams struct {
-	LeaseSeconds float64
-	Process      string
-	Build        string
+	LeaseSeconds  float64
+	FirstLossOnly bool
+	MaxRows       int32
+	Process       string
+	Build         string
 }
 
 type InboxClaimUnfinishedRow struct {
@@ -123,15 +129,28 @@ type InboxClaimUnfinishedRow struct {
 	ClaimedAt time.Time
 }
 
-// InboxClaimUnfinished claims the oldest message whose last claim never
-// recorded an outcome (the process died, or lost its transaction, while
-// handling it), counts an attempt for it, and writes the lost attempt to
-// inbox_attempts as abandoned. A claim younger than lease_seconds is left
-// alone, as its worker may be about to lock the row; a row that a worker
-// has locked is skipped. As in InboxClaimBatch, a message waits while an
-// earlier message of its order is open.
+// InboxClaimUnfinished claims up to max_rows of the oldest messages whose
+// last claim never recorded an outcome (the process died, or lost its
+// transaction, while handling them), counts an attempt for each, and writes
+// the lost attempt to inbox_attempts as abandoned. A claim younger than
+// lease_seconds is left alone, as its worker may be about to lock the row;
+// a row that a worker has locked is skipped. As in InboxClaimBatch, a
+// message waits while an earlier message of its order is open.
+//
+// With first_loss_only, it claims only messages that lost no claim before
+// in their run (no abandoned attempt since the last replay). Most lost
+// claims are those of a replica stopped from outside (a deploy, a lost
+// node, an OOM kill): the worker takes those over a batch at a time. A
+// message that loses its claim again may be the one that kills its
+// process, and is taken over alone.
 func (q *Queries) InboxClaimUnfinished(ctx context.Context, db DBTX, arg InboxClaimUnfinishedParams) ([]InboxClaimUnfinishedRow, error) {
-	rows, err := db.Query(ctx, inboxClaimUnfinished, arg.LeaseSeconds, arg.Process, arg.Build)
+	rows, err := db.Query(ctx, inboxClaimUnfinished,
+		arg.LeaseSeconds,
+		arg.FirstLossOnly,
+		arg.MaxRows,
+		arg.Process,
+		arg.Build,
+	)
 	if err != nil {
 		return nil, err
 	}

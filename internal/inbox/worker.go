@@ -289,28 +289,49 @@ func (w *Worker) runBatch(ctx context.Context) (int, error) {
 	return len(rows), w.work(ctx, c)
 }
 
-// RunUnfinished claims the oldest message whose last claim never ended (the
-// process died, or lost its database connection, while handling it) and
-// handles it alone, while no other work of this Worker is in flight: if it
-// kills the process again, it costs no other message an attempt. Once such a
-// message has used up its attempts it is marked dead without running. It
-// returns the number of messages claimed, 0 or 1.
+// RunUnfinished takes over messages whose last claim never ended (the
+// process died, or lost its database connection, while handling them). A
+// message that loses its claim for the first time in its run is taken over
+// with the others like it, a batch at a time, beside the other work; one
+// that lost a claim before is handled alone, while no other work of this
+// Worker is in flight: if it kills the process again, it costs no other
+// message an attempt. Once such a message has used up its attempts it is
+// marked dead without running. It returns the number of messages claimed.
 func (w *Worker) RunUnfinished(ctx context.Context) (int, error) {
+	if n, err := w.takeOverBatch(ctx); err != nil || n > 0 {
+		return n, err
+	}
 	w.exclusive.Lock()
 	defer w.exclusive.Unlock()
 	return w.takeOverOne(ctx)
 }
 
+// takeOverBatch claims and handles a batch of messages that lost their
+// claim for the first time in their run, as runBatch does new ones.
+func (w *Worker) takeOverBatch(ctx context.Context) (int, error) {
+	w.exclusive.RLock()
+	defer w.exclusive.RUnlock()
+	return w.takeOver(ctx, true, w.cfg.BatchSize)
+}
+
 // takeOverOne claims and handles one unfinished message. The caller holds
 // exclusive for writing.
 func (w *Worker) takeOverOne(ctx context.Context) (int, error) {
+	return w.takeOver(ctx, false, 1)
+}
+
+// takeOver claims up to max unfinished messages (only those that lost no
+// claim before in their run, with firstLossOnly) and handles them.
+func (w *Worker) takeOver(ctx context.Context, firstLossOnly bool, max int) (int, error) {
 	rows, err := w.queries.InboxClaimUnfinished(ctx, w.pool, dbsqlc.InboxClaimUnfinishedParams{
-		LeaseSeconds: w.cfg.ClaimLease.Seconds(),
-		Process:      w.cfg.Process,
-		Build:        w.cfg.Build,
+		LeaseSeconds:  w.cfg.ClaimLease.Seconds(),
+		FirstLossOnly: firstLossOnly,
+		MaxRows:       int32(max),
+		Process:       w.cfg.Process,
+		Build:         w.cfg.Build,
 	})
 	if err != nil {
-		return 0, fmt.Errorf("claim unfinished message: %w", err)
+		return 0, fmt.Errorf("claim unfinished messages: %w", err)
 	}
 	var c claims
 	for _, r := range rows {
@@ -327,9 +348,10 @@ const takeOverSlice = time.Second
 // takeOverLoop takes over the claims of crashed workers on a timer of its
 // own, every PollInterval, however busy the other goroutines are: a backlog
 // draining never delays a crashed process's messages, and the later
-// messages of their orders, past their lease and a tick. It handles them one
-// at a time, each alone, but pauses the other work once for a run of them
-// (up to takeOverSlice) rather than once each.
+// messages of their orders, past their lease and a tick. Messages that lost
+// their first claim go a batch at a time beside the other work; those that
+// lost one before go one at a time, each alone, with the other work paused
+// once for a run of them (up to takeOverSlice) rather than once each.
 func (w *Worker) takeOverLoop(fetchCtx, workCtx context.Context) {
 	tick := time.NewTicker(w.cfg.PollInterval)
 	defer tick.Stop()
@@ -359,14 +381,27 @@ func (w *Worker) takeOverLoop(fetchCtx, workCtx context.Context) {
 	}
 }
 
-// takeOverRun takes over unfinished messages, one at a time, for up to
-// takeOverSlice. It returns how many it handled and whether it stopped with
-// more to do.
+// takeOverRun takes over unfinished messages: those that lost their first
+// claim in batches, then the others one at a time for up to takeOverSlice.
+// It returns how many it handled and whether it stopped with more to do.
 func (w *Worker) takeOverRun(ctx context.Context) (taken int, more bool, err error) {
+	for {
+		waiting, err := w.queries.InboxHasUnfinished(ctx, w.pool, w.cfg.ClaimLease.Seconds())
+		if err != nil || !waiting {
+			return taken, false, err
+		}
+		n, err := w.takeOverBatch(ctx)
+		taken += n
+		if err != nil {
+			return taken, false, err
+		}
+		if n < w.cfg.BatchSize {
+			break
+		}
+	}
 	// The pause below waits for the batches in flight: only for a reason.
-	waiting, err := w.queries.InboxHasUnfinished(ctx, w.pool, w.cfg.ClaimLease.Seconds())
-	if err != nil || !waiting {
-		return 0, false, err
+	if waiting, err := w.queries.InboxHasUnfinished(ctx, w.pool, w.cfg.ClaimLease.Seconds()); err != nil || !waiting {
+		return taken, false, err
 	}
 	w.exclusive.Lock()
 	defer w.exclusive.Unlock()

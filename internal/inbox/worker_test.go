@@ -419,7 +419,7 @@ func TestWorkerFailureIsBounded(t *testing.T) {
 		require.NoError(t, err)
 		require.Len(t, claimed, 1)
 		for i := range maxAttempts - 1 {
-			claimed, err := q.InboxClaimUnfinished(t.Context(), b.db.Pool, dbsqlc.InboxClaimUnfinishedParams{
+			claimed, err := q.InboxClaimUnfinished(t.Context(), b.db.Pool, dbsqlc.InboxClaimUnfinishedParams{MaxRows: 1,
 				Process: fmt.Sprintf("host/%d", i+2), Build: "v1",
 			})
 			require.NoError(t, err)
