@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/time/rate"
 
 	"github.com/orderconfirm/inboxd/internal/ingest"
 	"github.com/orderconfirm/inboxd/internal/outbox"
@@ -120,7 +121,38 @@ func newHTTPHandler(readyPool *pgxpool.Pool, consumer *ingest.Ingest, relay *out
 		}
 		writeJSON(w, status, checks)
 	})
-	return mux
+	return paced(mux, HTTPRequestRate, httpRequestBurst, httpPaceWait)
+}
+
+// HTTPRequestRate is how many requests a second the HTTP endpoint answers,
+// all paths together, beyond a burst of httpRequestBurst: far more than
+// probes, scrapes and status pages ask for. A flood of requests (200
+// clients probing /readyz in a loop, say) waits its turn instead of taking
+// the workers' CPU.
+const HTTPRequestRate = 200
+
+const (
+	httpRequestBurst = 50
+	// httpPaceWait bounds how long a request waits for its turn before it
+	// is answered 503.
+	httpPaceWait = 5 * time.Second
+)
+
+// paced serves h at most perSecond requests a second (after a burst):
+// a request over the rate waits for its turn, up to maxWait, and is then
+// answered 503 with Retry-After.
+func paced(h http.Handler, perSecond float64, burst int, maxWait time.Duration) http.Handler {
+	limiter := rate.NewLimiter(rate.Limit(perSecond), burst)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), maxWait)
+		defer cancel()
+		if err := limiter.Wait(ctx); err != nil {
+			w.Header().Set("Retry-After", "1")
+			http.Error(w, "busy: too many requests", http.StatusServiceUnavailable)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
 }
 
 // newPprofHandler serves Go's profiler under /debug/pprof/.

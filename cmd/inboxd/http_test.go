@@ -4,6 +4,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"testing"
 	"time"
 
@@ -69,4 +70,30 @@ func TestHealthcheck(t *testing.T) {
 	out, ok := runInboxd(t, "healthcheck", "HTTP_ADDR=0.0.0.0:"+port)
 	require.False(t, ok)
 	require.Contains(t, out, "not ready")
+}
+
+// A flood of requests is answered at the endpoint's pace: beyond the burst,
+// a request waits for its turn, and one whose turn is further off than the
+// wait allowed is answered 503 with Retry-After, at once.
+func TestRequestsBeyondTheRateWaitTheirTurn(t *testing.T) {
+	t.Parallel()
+	served := 0
+	h := paced(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		served++
+		w.WriteHeader(http.StatusOK)
+	}), 10, 1, 50*time.Millisecond)
+	var busy int
+	for range 20 {
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/readyz", nil))
+		if rec.Code == http.StatusServiceUnavailable {
+			busy++
+			require.Equal(t, "1", rec.Header().Get("Retry-After"))
+		}
+	}
+	// The burst of one, and perhaps one more whose turn came within the
+	// wait (one each 100 ms).
+	require.GreaterOrEqual(t, served, 1)
+	require.LessOrEqual(t, served, 3)
+	require.Equal(t, 20, served+busy)
 }
