@@ -48,6 +48,7 @@ type config struct {
 	ingestLinger       time.Duration
 	prefetch           int
 	maxInflightBytes   int
+	goMemLimit         string // GOMEMLIMIT as given; empty: serve sets one
 	maxMessageBytes    int
 	deriveMessageID    bool
 	amqpHeartbeat      time.Duration
@@ -111,6 +112,7 @@ func (c *config) settings() []setting {
 		{name: "INBOX_INGEST_MAX_INFLIGHT_BYTES", def: strconv.Itoa(ingest.MaxInflightBytesDefault), doc: "bound on the message bodies ingest holds unacknowledged; sizes INBOX_PREFETCH (set the broker's max_message_size to INBOX_MAX_MESSAGE_BYTES for it to hold)", apply: intVar(&c.maxInflightBytes, 1, 1<<40)},
 		{name: "INBOX_PREFETCH", def: "0", doc: "unacknowledged deliveries the broker may send ahead (AMQP QoS); 0 takes INBOX_INGEST_MAX_INFLIGHT_BYTES / INBOX_MAX_MESSAGE_BYTES", apply: intVar(&c.prefetch, 0, 65535)},
 		{name: "INBOX_MAX_MESSAGE_BYTES", def: strconv.Itoa(ingest.MaxMessageBytesDefault), doc: "largest body stored; larger ones are dead-lettered", apply: intVar(&c.maxMessageBytes, 1, 512<<20)},
+		{name: "GOMEMLIMIT", optional: true, doc: "Go's soft memory limit (read by the Go runtime); unset, serve sets it to INBOX_INGEST_MAX_INFLIGHT_BYTES plus 64 MiB, so that the garbage of large bodies is collected before it adds up", apply: func(v string) error { c.goMemLimit = v; return nil }},
 		{name: "INBOX_DERIVE_MISSING_MESSAGE_ID", def: "false", doc: "give a delivery without message_id the id sha256:<hex of type, NUL, body> instead of dead-lettering it", apply: boolVar(&c.deriveMessageID)},
 		{name: "INBOX_AMQP_HEARTBEAT", def: durationString(broker.HeartbeatDefault), doc: "AMQP heartbeat interval", apply: durationVar(&c.amqpHeartbeat, time.Second)},
 		{name: "INBOX_INGEST_STORE_TIMEOUT", def: durationString(ingest.StoreTimeoutDefault), doc: "bound on one batch insert", apply: durationVar(&c.ingestStoreTimeout, time.Millisecond)},

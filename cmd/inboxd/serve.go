@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"runtime/debug"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -38,6 +39,10 @@ func migrateUp(ctx context.Context, cfg *config, logger *slog.Logger) error {
 	return nil
 }
 
+// memoryHeadroom is what serve's memory limit allows beyond the bodies in
+// flight: the rest of the process, its pools and batches.
+const memoryHeadroom = 64 << 20
+
 // serve runs the service (ingest, workers, the outbox relay, the listener
 // that wakes them, the HTTP endpoint) until ctx ends, then stops it within
 // cfg.shutdownTimeout. Its spans go to tp, which serve shuts down (flushing
@@ -51,6 +56,12 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger, tp *tracing.Pr
 			logger.Warn("flush spans", slog.String("error", err.Error()))
 		}
 	}()
+	if cfg.goMemLimit == "" {
+		// The bodies in flight are bounded by bytes; the garbage each large
+		// body leaves as it arrives (its buffer grows frame by frame) is
+		// not, unless the collector runs before the heap doubles.
+		debug.SetMemoryLimit(int64(cfg.maxInflightBytes) + memoryHeadroom)
+	}
 	if cfg.migrate {
 		if err := migrateUp(ctx, cfg, logger); err != nil {
 			return err
