@@ -95,6 +95,7 @@ var scenarios = []struct {
 	{"passthrough", benchPassthrough},
 	{"split", benchIngestAndWorker},
 	{"domain", benchDomain},
+	{"domainruler", benchDomainRuler},
 	{"steady", benchSteady},
 	{"claim", benchClaim},
 	{"probes", benchProbes},
@@ -116,7 +117,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.IntVar(&o.skus, "skus", 1000, "distinct SKUs the orders draw from (each stocked so that no order is rejected)")
 	fs.BoolVar(&o.preload, "preload", false, "domain: publish everything before starting inboxd, and time how fast it drains the queue")
 	fs.StringVar(&o.serviceEnv, "env", "", "extra environment for inboxd, comma-separated KEY=VALUE pairs")
-	fs.StringVar(&only, "only", "", "comma-separated scenarios to run: core, passthrough, split, domain, steady, claim, probes (default: all)")
+	fs.StringVar(&only, "only", "", "comma-separated scenarios to run: core, passthrough, split, domain, domainruler, steady, claim, probes (default: all)")
 	fs.Float64Var(&o.steadyRate, "steady-rate", 1000, "steady: messages per second")
 	fs.DurationVar(&o.steadyDuration, "steady-duration", 5*time.Minute, "steady: how long to publish")
 	fs.IntVar(&o.probeClients, "probe-clients", 200, "probes: concurrent clients sending GET /readyz in a loop")
@@ -160,6 +161,10 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 type report struct {
 	rows              [][2]string
 	core, passthrough float64
+	// domainPublished and domainProcessed are scenario 2's orders/s to the
+	// last event published and to the last processed; domainRuler is
+	// scenario 9's.
+	domainPublished, domainProcessed, domainRuler float64
 }
 
 func (r *report) add(name, format string, args ...any) {
@@ -245,6 +250,9 @@ func benchDomain(ctx context.Context, o *options, r *report) error {
 	if o.preload {
 		from = "inboxd start, queue preloaded"
 	}
+	r.domainPublished = float64(w.UniqueMessageIDs) / tookPublished.Seconds()
+	r.domainProcessed = float64(w.UniqueMessageIDs) / took.Seconds()
+	defer r.domainRatios()
 	r.add("2. whole domain (inboxd)", "%.0f orders/s (%d orders, %s from %s to the last of %d events published)",
 		float64(w.UniqueMessageIDs)/tookPublished.Seconds(), w.UniqueMessageIDs, tookPublished.Round(time.Millisecond), from, 2*w.UniqueMessageIDs)
 	r.add("   of which processed", "%.0f orders/s (%s to the last processed); publishing alone %.0f msg/s",

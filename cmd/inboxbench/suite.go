@@ -13,7 +13,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -93,7 +92,7 @@ func (e *benchEnv) newPool(ctx context.Context, maxConns int32) (*pgxpool.Pool, 
 		return nil, err
 	}
 	cfg.MaxConns = maxConns
-	maps.Copy(cfg.ConnConfig.RuntimeParams, pipeline.PlannerSettings())
+	pipeline.ConfigureSession(cfg.ConnConfig)
 	return pgxpool.NewWithConfig(ctx, cfg)
 }
 
@@ -217,83 +216,6 @@ func benchCore(ctx context.Context, o *options, r *report) error {
 	return nil
 }
 
-// benchPassthrough measures (7): the same messages through the broker alone,
-// to a consumer that only acknowledges them, in batches as ingest does.
-func benchPassthrough(ctx context.Context, o *options, r *report) error {
-	e, err := newEnv(ctx, o, "passthrough")
-	if err != nil {
-		return err
-	}
-	defer e.close()
-	w := loadgen.Generate(loadgen.Spec{Orders: o.messages, Seed: 1, Prefix: e.name, SKUs: o.skus})
-	conn, err := amqp.Dial(e.amqpURL)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	var consumed atomic.Int64
-	var wg sync.WaitGroup
-	for range 2 {
-		ch, err := conn.Channel()
-		if err != nil {
-			return err
-		}
-		if err := ch.Qos(1000, 0, false); err != nil {
-			return err
-		}
-		deliveries, err := ch.Consume(broker.QueueInbox, "", false, false, false, false, nil)
-		if err != nil {
-			return err
-		}
-		wg.Go(func() {
-			var last *amqp.Delivery
-			unacked := 0
-			linger := time.NewTicker(5 * time.Millisecond)
-			defer linger.Stop()
-			for {
-				select {
-				case d, ok := <-deliveries:
-					if !ok {
-						return
-					}
-					last = &d
-					unacked++
-					if unacked == 500 {
-						_ = last.Ack(true)
-						consumed.Add(int64(unacked))
-						unacked = 0
-					}
-				case <-linger.C:
-					if unacked > 0 {
-						_ = last.Ack(true)
-						consumed.Add(int64(unacked))
-						unacked = 0
-					}
-				}
-			}
-		})
-	}
-	start := time.Now()
-	if err := loadgen.PublishParallel(ctx, e.amqpURL, w.Messages, o.publishers, o.window); err != nil {
-		return err
-	}
-	for consumed.Load() < int64(len(w.Messages)) {
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		time.Sleep(time.Millisecond)
-	}
-	took := time.Since(start)
-	_ = conn.Close()
-	wg.Wait()
-	r.passthrough = float64(len(w.Messages)) / took.Seconds()
-	r.add("7. broker only, publish to acked", "%.0f msg/s (the same messages, 2 channels acking every 500)", r.passthrough)
-	if r.core > 0 {
-		r.add("   core path / broker only", "%.2f", r.core/r.passthrough)
-	}
-	return nil
-}
-
 // benchIngestAndWorker measures (3): ingest alone draining a preloaded queue
 // into the inbox, then the workers alone draining the inbox it filled.
 func benchIngestAndWorker(ctx context.Context, o *options, r *report) error {
@@ -378,6 +300,15 @@ func benchSteady(ctx context.Context, o *options, r *report) error {
 		}
 	}()
 
+	// A downstream consumer of order.confirmed, as the orders' customers
+	// would run it: when each order's confirmation reached it.
+	confirmed, stopConfirmed, err := receiveTimes(ctx, e.amqpURL, "order.confirmed")
+	if err != nil {
+		stopSampling()
+		return err
+	}
+	defer stopConfirmed()
+
 	sent, err := publishPaced(ctx, e.amqpURL, w.Messages, o.steadyRate)
 	if err != nil {
 		stopSampling()
@@ -395,6 +326,7 @@ func benchSteady(ctx context.Context, o *options, r *report) error {
 		return err
 	}
 	var total, ingest, work []time.Duration
+	totalOf := map[string]time.Duration{}
 	for rows.Next() {
 		var id string
 		var received, processed time.Time
@@ -402,6 +334,7 @@ func benchSteady(ctx context.Context, o *options, r *report) error {
 			return err
 		}
 		total = append(total, processed.Sub(sent[id]))
+		totalOf[id] = processed.Sub(sent[id])
 		ingest = append(ingest, received.Sub(sent[id]))
 		work = append(work, processed.Sub(received))
 	}
@@ -412,6 +345,14 @@ func benchSteady(ctx context.Context, o *options, r *report) error {
 		quantile(total, 0.50), quantile(total, 0.99), quantile(total, 0.999), quantile(total, 1), len(total), o.steadyRate)
 	r.add("   of which publish to stored", "p50 %s, p99 %s", quantile(ingest, 0.50), quantile(ingest, 0.99))
 	r.add("   of which stored to processed", "p50 %s, p99 %s", quantile(work, 0.50), quantile(work, 0.99))
+	r.add("   p99 per window of publishing", "%s", perWindow(sent, totalOf, o.steadyDuration))
+	downstream := confirmed.wait(ctx, len(w.Messages), 30*time.Second)
+	var toConsumer []time.Duration
+	for id, at := range downstream {
+		toConsumer = append(toConsumer, at.Sub(sent[id]))
+	}
+	r.add("   publish to order.confirmed received", "p50 %s, p99 %s, max %s (%d of %d received by a downstream consumer)",
+		quantile(toConsumer, 0.50), quantile(toConsumer, 0.99), quantile(toConsumer, 1), len(toConsumer), len(w.Messages))
 	if len(rss) > 0 {
 		minute := min(60, len(rss)/3)
 		first, last := mean(rss[:minute]), mean(rss[len(rss)-minute:])
@@ -423,8 +364,102 @@ func benchSteady(ctx context.Context, o *options, r *report) error {
 
 // quantile returns the p-quantile of ds (which it sorts), rounded.
 func quantile(ds []time.Duration, p float64) string {
+	if len(ds) == 0 {
+		return "-"
+	}
 	slices.Sort(ds)
 	return ds[min(len(ds)-1, int(p*float64(len(ds))))].Round(100 * time.Microsecond).String()
+}
+
+// perWindow gives the p99 of latency for the messages published in each
+// window of the run (a minute, or a fifth of a shorter run): flat, or not.
+func perWindow(sent map[string]time.Time, latency map[string]time.Duration, run time.Duration) string {
+	var start time.Time
+	for _, at := range sent {
+		if start.IsZero() || at.Before(start) {
+			start = at
+		}
+	}
+	window := min(time.Minute, max(run/5, time.Second))
+	var buckets [][]time.Duration
+	for id, d := range latency {
+		i := int(sent[id].Sub(start) / window)
+		for len(buckets) <= i {
+			buckets = append(buckets, nil)
+		}
+		buckets[i] = append(buckets[i], d)
+	}
+	parts := make([]string, len(buckets))
+	for i, b := range buckets {
+		parts[i] = quantile(b, 0.99)
+	}
+	return fmt.Sprintf("%s (each %s)", strings.Join(parts, ", "), window)
+}
+
+// arrivals records when each message of one routing key first reached a
+// consumer, by the inbox message id it answers.
+type arrivals struct {
+	mu sync.Mutex
+	at map[string]time.Time
+}
+
+// wait returns the arrivals once n have arrived, or timeout passed.
+func (a *arrivals) wait(ctx context.Context, n int, timeout time.Duration) map[string]time.Time {
+	deadline := time.Now().Add(timeout)
+	for ctx.Err() == nil && time.Now().Before(deadline) {
+		a.mu.Lock()
+		got := len(a.at)
+		a.mu.Unlock()
+		if got >= n {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return maps.Clone(a.at)
+}
+
+// receiveTimes consumes the events of routingKey from a queue of its own
+// bound to the events exchange, and records when each arrived.
+func receiveTimes(ctx context.Context, amqpURL, routingKey string) (*arrivals, func(), error) {
+	conn, err := amqp.Dial(amqpURL)
+	if err != nil {
+		return nil, nil, err
+	}
+	ch, err := conn.Channel()
+	if err == nil {
+		_, err = ch.QueueDeclare("bench."+routingKey, true, false, false, false, nil)
+	}
+	if err == nil {
+		err = ch.QueueBind("bench."+routingKey, routingKey, broker.ExchangeEvents, false, nil)
+	}
+	var deliveries <-chan amqp.Delivery
+	if err == nil {
+		deliveries, err = consume(conn, "bench."+routingKey, 1000)
+	}
+	if err != nil {
+		_ = conn.Close()
+		return nil, nil, err
+	}
+	a := &arrivals{at: map[string]time.Time{}}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		ackInBatches(deliveries, func(batch []amqp.Delivery) {
+			now := time.Now()
+			a.mu.Lock()
+			for _, d := range batch {
+				id := strings.TrimSuffix(d.MessageId, ":"+routingKey)
+				if _, seen := a.at[id]; !seen {
+					a.at[id] = now
+				}
+			}
+			a.mu.Unlock()
+			_ = batch[len(batch)-1].Ack(true)
+		})
+	}()
+	return a, func() { _ = conn.Close(); <-done }, nil
 }
 
 func mean(xs []float64) float64 {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"net"
 	"net/url"
 	"strconv"
@@ -220,7 +219,7 @@ func loadConfig(getenv func(string) string, command string) (*config, error) {
 	rp["statement_timeout"] = strconv.FormatInt(c.statementTimeout.Milliseconds(), 10)
 	rp["idle_in_transaction_session_timeout"] = strconv.FormatInt(c.idleInTxTimeout.Milliseconds(), 10)
 	rp["lock_timeout"] = strconv.FormatInt(c.lockTimeout.Milliseconds(), 10)
-	maps.Copy(rp, pipeline.PlannerSettings())
+	pipeline.ConfigureSession(c.dbConfig.ConnConfig)
 	return c, nil
 }
 
