@@ -425,7 +425,7 @@ func (r *Relay) publishBatch(ctx, workCtx context.Context, ch *amqp.Channel, ret
 	if len(failed) > 0 {
 		delay := retry.Backoff(attempts, r.cfg.RetryBase, r.cfg.RetryMax)
 		if err := r.queries.OutboxRelease(recordCtx, r.pool, dbsqlc.OutboxReleaseParams{
-			Ids: failed, LastError: reason, RetryDelayMs: float64(delay.Milliseconds()),
+			Ids: failed, LastError: reason, RetryDelayMs: delay.Milliseconds(),
 		}); err != nil {
 			r.logger.Error("release outbox rows", slog.String("error", err.Error()))
 		}
