@@ -18,7 +18,7 @@ const (
 	// ExchangeOrders is the producers' topic exchange.
 	ExchangeOrders = "orders"
 	// QueueInbox is the queue ingest consumes, bound to ExchangeOrders with
-	// InboxRoutingKeys.
+	// inboxRoutingKeys.
 	QueueInbox = "order-confirmation.inbox"
 	// ExchangeDeadLetter receives deliveries that cannot enter the inbox.
 	ExchangeDeadLetter = "order-confirmation.dlx"
@@ -48,8 +48,8 @@ const (
 	QueueTypeClassic = "classic"
 )
 
-// InboxRoutingKeys are the routing keys that bind QueueInbox to ExchangeOrders.
-var InboxRoutingKeys = []string{"order.created", "order.cancelled"}
+// inboxRoutingKeys are the routing keys that bind QueueInbox to ExchangeOrders.
+var inboxRoutingKeys = []string{"order.created", "order.cancelled"}
 
 // ErrInboxQueueOutdated is returned by DeclareTopology when QueueInbox exists
 // without the single-active-consumer argument, as builds before it declared
@@ -117,7 +117,7 @@ func DeclareTopology(ch *amqp.Channel, queueType string) error {
 		}
 		return fmt.Errorf("declare queue %q: %w", QueueInbox, err)
 	}
-	for _, key := range InboxRoutingKeys {
+	for _, key := range inboxRoutingKeys {
 		if err := ch.QueueBind(QueueInbox, key, ExchangeOrders, false, nil); err != nil {
 			return fmt.Errorf("bind queue %q to %q: %w", QueueInbox, key, err)
 		}

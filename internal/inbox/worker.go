@@ -260,14 +260,14 @@ func (w *Worker) loop(fetchCtx, workCtx context.Context, n int) {
 // still uses up its attempts, and ends dead instead of crash-looping.
 //
 // When there is no batch to claim, RunOnce takes over messages whose last
-// claim never ended (see RunUnfinished); a Worker started with Start does
+// claim never ended (see runUnfinished); a Worker started with Start does
 // that on a timer of its own, every PollInterval.
 func (w *Worker) RunOnce(ctx context.Context) (int, error) {
 	n, err := w.runBatch(ctx)
 	if err != nil || n > 0 {
 		return n, err
 	}
-	return w.RunUnfinished(ctx)
+	return w.runUnfinished(ctx)
 }
 
 // runBatch claims and handles one batch of messages nobody has claimed.
@@ -289,7 +289,7 @@ func (w *Worker) runBatch(ctx context.Context) (int, error) {
 	return len(rows), w.work(ctx, c)
 }
 
-// RunUnfinished takes over messages whose last claim never ended (the
+// runUnfinished takes over messages whose last claim never ended (the
 // process died, or lost its database connection, while handling them). A
 // message that loses its claim for the first time in its run is taken over
 // with the others like it, a batch at a time, beside the other work; one
@@ -297,7 +297,7 @@ func (w *Worker) runBatch(ctx context.Context) (int, error) {
 // Worker is in flight: if it kills the process again, it costs no other
 // message an attempt. Once such a message has used up its attempts it is
 // marked dead without running. It returns the number of messages claimed.
-func (w *Worker) RunUnfinished(ctx context.Context) (int, error) {
+func (w *Worker) runUnfinished(ctx context.Context) (int, error) {
 	if n, err := w.takeOverBatch(ctx); err != nil || n > 0 {
 		return n, err
 	}

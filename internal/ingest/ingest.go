@@ -26,8 +26,8 @@ import (
 	"github.com/orderconfirm/inboxd/internal/tracing"
 )
 
-// MaxMessageIDBytes is the longest message_id (and type) ingest stores.
-const MaxMessageIDBytes = 255
+// maxMessageIDBytes is the longest message_id (and type) ingest stores.
+const maxMessageIDBytes = 255
 
 // Defaults of Config.
 const (
@@ -520,7 +520,7 @@ func (c *Ingest) classify(d amqp.Delivery) (row, string) {
 
 // validText reports whether s can be stored in a text column as an id.
 func validText(s string) bool {
-	return len(s) <= MaxMessageIDBytes && utf8.ValidString(s) && !strings.ContainsRune(s, 0)
+	return len(s) <= maxMessageIDBytes && utf8.ValidString(s) && !strings.ContainsRune(s, 0)
 }
 
 // stored is what storing a batch of rows came to.
