@@ -476,11 +476,18 @@ func (w *Worker) work(ctx context.Context, c claims) error {
 	}
 	handlerDuration := time.Since(handleStarted)
 	all = append(msgs, givenUp...)
-	outcomes = append(outcomes, make([]Outcome, len(givenUp))...)
 	if len(all) == 0 {
 		return nil
 	}
-	if decisions, err = w.complete(ctx, tx, all, outcomes); err != nil {
+	decisions = make([]decision, len(all))
+	for i, m := range all {
+		var out *Outcome
+		if i < len(msgs) {
+			out = &outcomes[i]
+		}
+		decisions[i] = w.decide(m, out)
+	}
+	if err = w.complete(ctx, tx, all, decisions); err != nil {
 		workErr = err
 		return err
 	}
@@ -661,13 +668,14 @@ type decision struct {
 	delay                     time.Duration
 }
 
-// decide turns a message's outcome into its decision. It is pure: the
-// outcome statement stores the decision, and the stats and logs read it.
-func (w *Worker) decide(m Message, out Outcome) decision {
+// decide turns a message's outcome into its decision; out is nil for a
+// message that was given up without running. It is pure: the outcome
+// statement stores the decision, and the stats, spans and logs read it.
+func (w *Worker) decide(m Message, out *Outcome) decision {
 	var wait *waitError
 	var ra *retryAfterError
 	switch {
-	case m.Attempt > w.cfg.MaxAttempts:
+	case out == nil:
 		// Not handled at all: its earlier attempts never finished.
 		return decision{status: StatusDead, lastError: fmt.Sprintf(
 			"gave up after %d attempts: the last ones never finished (the process died, or lost its database connection, while handling the message)",
@@ -705,9 +713,9 @@ func IsLockNotAvailable(err error) bool {
 	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
 }
 
-// complete records every message's decision in one statement, and returns
-// the decisions.
-func (w *Worker) complete(ctx context.Context, tx pgx.Tx, msgs []Message, outcomes []Outcome) ([]decision, error) {
+// complete records every message's decision in one statement; decisions is
+// parallel to msgs.
+func (w *Worker) complete(ctx context.Context, tx pgx.Tx, msgs []Message, decisions []decision) error {
 	p := dbsqlc.InboxCompleteManyParams{
 		Process:       w.cfg.Process,
 		Build:         w.cfg.Build,
@@ -717,10 +725,8 @@ func (w *Worker) complete(ctx context.Context, tx pgx.Tx, msgs []Message, outcom
 		LastErrors:    make([]string, len(msgs)),
 		RetryDelaysMs: make([]int64, len(msgs)),
 	}
-	decisions := make([]decision, len(msgs))
 	for i, m := range msgs {
-		d := w.decide(m, outcomes[i])
-		decisions[i] = d
+		d := decisions[i]
 		p.Ids[i], p.Statuses[i], p.Results[i], p.LastErrors[i] = m.ID, d.status, d.result, d.lastError
 		p.RetryDelaysMs[i] = d.delay.Milliseconds()
 		mctx := m.Context(ctx)
@@ -737,9 +743,9 @@ func (w *Worker) complete(ctx context.Context, tx pgx.Tx, msgs []Message, outcom
 		}
 	}
 	if err := w.queries.InboxCompleteMany(ctx, tx, p); err != nil {
-		return nil, fmt.Errorf("record outcomes: %w", err)
+		return fmt.Errorf("record outcomes: %w", err)
 	}
-	return decisions, nil
+	return nil
 }
 
 // storable makes a handler's result or error text safe for a text column
