@@ -194,24 +194,10 @@ func (c *Ingest) Stop(ctx context.Context) {
 }
 
 func (c *Ingest) run(fetchCtx, workCtx context.Context) {
-	failures := 0
-	for fetchCtx.Err() == nil {
-		started := time.Now()
-		err := c.session(fetchCtx, workCtx)
-		if fetchCtx.Err() != nil {
-			return
-		}
-		if time.Since(started) > time.Minute {
-			failures = 0
-		}
-		failures++
-		delay := retry.Backoff(failures, 200*time.Millisecond, 15*time.Second)
-		c.logger.Warn("broker session ended, reconnecting",
-			slog.String("error", errString(err)), slog.Duration("retry_in", delay))
-		if !retry.Sleep(fetchCtx, delay) {
-			return
-		}
-	}
+	retry.Reconnect(fetchCtx, retry.ReconnectConfig{
+		Base: 200 * time.Millisecond, Max: 15 * time.Second, ResetAfter: time.Minute,
+		Logger: c.logger, Message: "broker session ended, reconnecting",
+	}, func(fetchCtx context.Context) error { return c.session(fetchCtx, workCtx) })
 }
 
 // session runs one connection: it declares the topology and consumes on one
@@ -722,11 +708,4 @@ func (c *Ingest) deadLetter(ctx context.Context, dlch *amqp.Channel, returns <-c
 		return fmt.Errorf("%d dead letters returned unroutable: is %s missing?", n, broker.QueueDead)
 	}
 	return nil
-}
-
-func errString(err error) string {
-	if err == nil {
-		return "none"
-	}
-	return err.Error()
 }
