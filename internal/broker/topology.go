@@ -230,7 +230,8 @@ func RedeliverUnroutable(ctx context.Context, url string) (moved, left int, err 
 		if !ok {
 			break
 		}
-		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, ExchangeEvents, d.RoutingKey, false, false, amqp.Publishing{
+		pub := Publisher{Ch: ch}
+		err = pub.Publish(ctx, ExchangeEvents, d.RoutingKey, false, amqp.Publishing{
 			Headers: d.Headers, ContentType: d.ContentType, ContentEncoding: d.ContentEncoding,
 			DeliveryMode: amqp.Persistent, Priority: d.Priority, CorrelationId: d.CorrelationId,
 			MessageId: d.MessageId, Timestamp: d.Timestamp, Type: d.Type, AppId: d.AppId, Body: d.Body,
@@ -238,7 +239,7 @@ func RedeliverUnroutable(ctx context.Context, url string) (moved, left int, err 
 		if err != nil {
 			return moved, 0, fmt.Errorf("republish %s: %w", d.MessageId, err)
 		}
-		if confirmed, err := dc.WaitContext(ctx); err != nil || !confirmed {
+		if err := pub.Wait(ctx); err != nil {
 			_ = d.Nack(false, true)
 			return moved, 0, fmt.Errorf("republish %s: not confirmed (%v)", d.MessageId, err)
 		}

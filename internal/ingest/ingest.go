@@ -663,7 +663,7 @@ func isDataError(err error) bool {
 // dead letter that no queue took is an error: the batch then stays
 // unacknowledged, and the next session declares broker.QueueDead again.
 func (c *Ingest) deadLetter(ctx context.Context, dlch *amqp.Channel, returns <-chan amqp.Return, rejects []rejection) error {
-	confirms := make([]*amqp.DeferredConfirmation, 0, len(rejects))
+	pub := broker.Publisher{Ch: dlch}
 	for _, r := range rejects {
 		d := r.delivery
 		headers := amqp.Table{}
@@ -673,7 +673,7 @@ func (c *Ingest) deadLetter(ctx context.Context, dlch *amqp.Channel, returns <-c
 		headers[broker.HeaderRejectReason] = r.reason
 		headers[broker.HeaderOriginalExchange] = d.Exchange
 		headers[broker.HeaderOriginalRoutingKey] = d.RoutingKey
-		dc, err := dlch.PublishWithDeferredConfirmWithContext(ctx, broker.ExchangeDeadLetter, d.RoutingKey, true, false, amqp.Publishing{
+		err := pub.Publish(ctx, broker.ExchangeDeadLetter, d.RoutingKey, true, amqp.Publishing{
 			Headers:         headers,
 			ContentType:     d.ContentType,
 			ContentEncoding: d.ContentEncoding,
@@ -688,19 +688,15 @@ func (c *Ingest) deadLetter(ctx context.Context, dlch *amqp.Channel, returns <-c
 		if err != nil {
 			return err
 		}
-		confirms = append(confirms, dc)
 		c.logger.WarnContext(tracing.FromHeaders(d.Headers).Context(ctx), "delivery dead-lettered",
 			slog.String("message_id", d.MessageId), slog.String("routing_key", d.RoutingKey),
 			slog.Int("bytes", len(d.Body)), slog.String("reason", r.reason))
 	}
-	for _, dc := range confirms {
-		ok, err := dc.WaitContext(ctx)
-		if err != nil {
-			return err
-		}
-		if !ok {
+	if err := pub.Wait(ctx); err != nil {
+		if errors.Is(err, broker.ErrNacked) {
 			return errors.New("broker refused a dead letter")
 		}
+		return err
 	}
 	// A return comes before the confirm of its publish.
 	n := len(broker.DrainReturns(returns))

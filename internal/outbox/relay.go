@@ -279,26 +279,6 @@ func (r *Relay) releaseExpired(ctx context.Context) {
 	}
 }
 
-// confirmedBy reports whether the broker confirmed dc by the time waitCtx
-// ends; a confirm already in is read as such even once waitCtx has ended.
-func confirmedBy(waitCtx context.Context, dc *amqp.DeferredConfirmation) bool {
-	select {
-	case <-dc.Done():
-		return dc.Acked()
-	default:
-	}
-	ok, err := dc.WaitContext(waitCtx)
-	if err != nil {
-		select {
-		case <-dc.Done():
-			return dc.Acked()
-		default:
-			return false
-		}
-	}
-	return ok
-}
-
 // claimError is a claim of outbox rows that failed: the database's trouble,
 // not the channel's, so the session backs off and claims again.
 type claimError struct{ err error }
@@ -350,7 +330,8 @@ func (r *Relay) publishBatch(ctx, workCtx context.Context, ch *amqp.Channel, ret
 	heldBack := map[string]bool{} // orders with a row not published
 	var publishErr error
 	for n := 0; n < rounds && publishErr == nil; n++ {
-		confirms := map[int]*amqp.DeferredConfirmation{}
+		pub := broker.Publisher{Ch: ch}
+		var sent []int // the rows of this round that were published, in order
 		for i, row := range rows {
 			if round[i] != n {
 				continue
@@ -361,7 +342,7 @@ func (r *Relay) publishBatch(ctx, workCtx context.Context, ch *amqp.Channel, ret
 			}
 			// Mandatory: an event that neither a binding nor the alternate
 			// exchange's queue takes comes back, and its row stays unpublished.
-			dc, err := ch.PublishWithDeferredConfirmWithContext(workCtx, broker.ExchangeEvents, row.RoutingKey, true, false, amqp.Publishing{
+			err := pub.Publish(workCtx, broker.ExchangeEvents, row.RoutingKey, true, amqp.Publishing{
 				Headers:      traces[i].SetHeaders(nil),
 				ContentType:  "application/json",
 				DeliveryMode: amqp.Persistent,
@@ -375,10 +356,10 @@ func (r *Relay) publishBatch(ctx, workCtx context.Context, ch *amqp.Channel, ret
 				publishErr = err
 				break
 			}
-			confirms[i] = dc
+			sent = append(sent, i)
 		}
-		for i, dc := range confirms {
-			confirmed[i] = confirmedBy(waitCtx, dc)
+		for k, ok := range pub.Confirmed(waitCtx) {
+			confirmed[sent[k]] = ok
 		}
 		// The broker sends a return before the confirm of the same publish:
 		// every return of this round is in the channel by now.
@@ -386,7 +367,7 @@ func (r *Relay) publishBatch(ctx, workCtx context.Context, ch *amqp.Channel, ret
 		for _, ret := range broker.DrainReturns(returns) {
 			returned[ret.MessageId] = ret
 		}
-		for i := range confirms {
+		for _, i := range sent {
 			row := rows[i]
 			if ret, ok := returned[row.IdempotencyKey]; ok {
 				confirmed[i] = false
