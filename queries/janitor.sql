@@ -1,3 +1,5 @@
+-- Named after its caller, internal/janitor: it deletes from several tables, each by its own retention.
+
 -- The janitor's statements each delete one small batch of rows past their
 -- retention, oldest first. SKIP LOCKED keeps them off rows in use and lets
 -- several janitors run at once, each taking different rows. The statuses

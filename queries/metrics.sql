@@ -1,3 +1,5 @@
+-- Named after its caller, internal/metrics: its gauges read the inbox and the outbox together, and its lock is no table's.
+
 -- name: MetricsGauges :one
 -- MetricsGauges reads the gauges /metrics reports, each through a partial
 -- index so that a scrape stays cheap however large the tables grow.

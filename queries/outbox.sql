@@ -73,5 +73,5 @@ WHERE id = ANY(@ids::bigint[]);
 UPDATE outbox
 SET claimed_at = NULL,
     last_error = @last_error::text,
-    next_attempt_at = now() + make_interval(secs => sqlc.arg(retry_delay_ms)::float8 / 1000)
+    next_attempt_at = now() + sqlc.arg(retry_delay_ms)::bigint * interval '1 millisecond'
 WHERE id = ANY(@ids::bigint[]) AND published_at IS NULL;

@@ -1,3 +1,5 @@
+-- Named after what it works on, the database session (its schema, LISTEN, lock_timeout), not a table.
+
 -- name: SessionCurrentSchema :one
 -- SessionCurrentSchema returns the schema that unqualified table names resolve to.
 SELECT coalesce(current_schema(), '')::text AS schema;

@@ -18,7 +18,7 @@ const (
 	// ExchangeOrders is the producers' topic exchange.
 	ExchangeOrders = "orders"
 	// QueueInbox is the queue ingest consumes, bound to ExchangeOrders with
-	// InboxRoutingKeys.
+	// inboxRoutingKeys.
 	QueueInbox = "order-confirmation.inbox"
 	// ExchangeDeadLetter receives deliveries that cannot enter the inbox.
 	ExchangeDeadLetter = "order-confirmation.dlx"
@@ -48,8 +48,8 @@ const (
 	QueueTypeClassic = "classic"
 )
 
-// InboxRoutingKeys are the routing keys that bind QueueInbox to ExchangeOrders.
-var InboxRoutingKeys = []string{"order.created", "order.cancelled"}
+// inboxRoutingKeys are the routing keys that bind QueueInbox to ExchangeOrders.
+var inboxRoutingKeys = []string{"order.created", "order.cancelled"}
 
 // ErrInboxQueueOutdated is returned by DeclareTopology when QueueInbox exists
 // without the single-active-consumer argument, as builds before it declared
@@ -117,7 +117,7 @@ func DeclareTopology(ch *amqp.Channel, queueType string) error {
 		}
 		return fmt.Errorf("declare queue %q: %w", QueueInbox, err)
 	}
-	for _, key := range InboxRoutingKeys {
+	for _, key := range inboxRoutingKeys {
 		if err := ch.QueueBind(QueueInbox, key, ExchangeOrders, false, nil); err != nil {
 			return fmt.Errorf("bind queue %q to %q: %w", QueueInbox, key, err)
 		}
@@ -230,7 +230,8 @@ func RedeliverUnroutable(ctx context.Context, url string) (moved, left int, err 
 		if !ok {
 			break
 		}
-		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, ExchangeEvents, d.RoutingKey, false, false, amqp.Publishing{
+		pub := Publisher{Ch: ch}
+		err = pub.Publish(ctx, ExchangeEvents, d.RoutingKey, false, amqp.Publishing{
 			Headers: d.Headers, ContentType: d.ContentType, ContentEncoding: d.ContentEncoding,
 			DeliveryMode: amqp.Persistent, Priority: d.Priority, CorrelationId: d.CorrelationId,
 			MessageId: d.MessageId, Timestamp: d.Timestamp, Type: d.Type, AppId: d.AppId, Body: d.Body,
@@ -238,7 +239,7 @@ func RedeliverUnroutable(ctx context.Context, url string) (moved, left int, err 
 		if err != nil {
 			return moved, 0, fmt.Errorf("republish %s: %w", d.MessageId, err)
 		}
-		if confirmed, err := dc.WaitContext(ctx); err != nil || !confirmed {
+		if err := pub.Wait(ctx); err != nil {
 			_ = d.Nack(false, true)
 			return moved, 0, fmt.Errorf("republish %s: not confirmed (%v)", d.MessageId, err)
 		}

@@ -77,6 +77,7 @@ func (q *Queries) JanitorDeleteDead(ctx context.Context, db DBTX, arg JanitorDel
 
 const janitorDeleteProcessed = `-- name: JanitorDeleteProcessed :one
 
+
 WITH gone AS (
     DELETE FROM inbox
     WHERE id IN (
@@ -99,6 +100,7 @@ type JanitorDeleteProcessedParams struct {
 	MaxRows          int32
 }
 
+// Named after its caller, internal/janitor: it deletes from several tables, each by its own retention.
 // The janitor's statements each delete one small batch of rows past their
 // retention, oldest first. SKIP LOCKED keeps them off rows in use and lets
 // several janitors run at once, each taking different rows. The statuses

@@ -10,6 +10,7 @@ import (
 )
 
 const metricsGauges = `-- name: MetricsGauges :one
+
 SELECT
     (SELECT count(*) FROM inbox WHERE status = 'pending')::bigint AS pending,
     (SELECT count(*) FROM inbox WHERE status = 'dead')::bigint AS dead,
@@ -25,6 +26,7 @@ type MetricsGaugesRow struct {
 	OutboxBacklog        int64
 }
 
+// Named after its caller, internal/metrics: its gauges read the inbox and the outbox together, and its lock is no table's.
 // MetricsGauges reads the gauges /metrics reports, each through a partial
 // index so that a scrape stays cheap however large the tables grow.
 func (q *Queries) MetricsGauges(ctx context.Context, db DBTX) (MetricsGaugesRow, error) {

@@ -147,13 +147,13 @@ const outboxRelease = `-- name: OutboxRelease :exec
 UPDATE outbox
 SET claimed_at = NULL,
     last_error = $1::text,
-    next_attempt_at = now() + make_interval(secs => $2::float8 / 1000)
+    next_attempt_at = now() + $2::bigint * interval '1 millisecond'
 WHERE id = ANY($3::bigint[]) AND published_at IS NULL
 `
 
 type OutboxReleaseParams struct {
 	LastError    string
-	RetryDelayMs float64
+	RetryDelayMs int64
 	Ids          []int64
 }
 

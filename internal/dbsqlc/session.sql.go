@@ -10,9 +10,11 @@ import (
 )
 
 const sessionCurrentSchema = `-- name: SessionCurrentSchema :one
+
 SELECT coalesce(current_schema(), '')::text AS schema
 `
 
+// Named after what it works on, the database session (its schema, LISTEN, lock_timeout), not a table.
 // SessionCurrentSchema returns the schema that unqualified table names resolve to.
 func (q *Queries) SessionCurrentSchema(ctx context.Context, db DBTX) (string, error) {
 	row := db.QueryRow(ctx, sessionCurrentSchema)

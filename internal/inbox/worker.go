@@ -260,14 +260,14 @@ func (w *Worker) loop(fetchCtx, workCtx context.Context, n int) {
 // still uses up its attempts, and ends dead instead of crash-looping.
 //
 // When there is no batch to claim, RunOnce takes over messages whose last
-// claim never ended (see RunUnfinished); a Worker started with Start does
+// claim never ended (see runUnfinished); a Worker started with Start does
 // that on a timer of its own, every PollInterval.
 func (w *Worker) RunOnce(ctx context.Context) (int, error) {
 	n, err := w.runBatch(ctx)
 	if err != nil || n > 0 {
 		return n, err
 	}
-	return w.RunUnfinished(ctx)
+	return w.runUnfinished(ctx)
 }
 
 // runBatch claims and handles one batch of messages nobody has claimed.
@@ -289,7 +289,7 @@ func (w *Worker) runBatch(ctx context.Context) (int, error) {
 	return len(rows), w.work(ctx, c)
 }
 
-// RunUnfinished takes over messages whose last claim never ended (the
+// runUnfinished takes over messages whose last claim never ended (the
 // process died, or lost its database connection, while handling them). A
 // message that loses its claim for the first time in its run is taken over
 // with the others like it, a batch at a time, beside the other work; one
@@ -297,7 +297,7 @@ func (w *Worker) runBatch(ctx context.Context) (int, error) {
 // Worker is in flight: if it kills the process again, it costs no other
 // message an attempt. Once such a message has used up its attempts it is
 // marked dead without running. It returns the number of messages claimed.
-func (w *Worker) RunUnfinished(ctx context.Context) (int, error) {
+func (w *Worker) runUnfinished(ctx context.Context) (int, error) {
 	if n, err := w.takeOverBatch(ctx); err != nil || n > 0 {
 		return n, err
 	}
@@ -476,11 +476,18 @@ func (w *Worker) work(ctx context.Context, c claims) error {
 	}
 	handlerDuration := time.Since(handleStarted)
 	all = append(msgs, givenUp...)
-	outcomes = append(outcomes, make([]Outcome, len(givenUp))...)
 	if len(all) == 0 {
 		return nil
 	}
-	if decisions, err = w.complete(ctx, tx, all, outcomes); err != nil {
+	decisions = make([]decision, len(all))
+	for i, m := range all {
+		var out *Outcome
+		if i < len(msgs) {
+			out = &outcomes[i]
+		}
+		decisions[i] = w.decide(m, out)
+	}
+	if err = w.complete(ctx, tx, all, decisions); err != nil {
 		workErr = err
 		return err
 	}
@@ -661,13 +668,14 @@ type decision struct {
 	delay                     time.Duration
 }
 
-// decide turns a message's outcome into its decision. It is pure: the
-// outcome statement stores the decision, and the stats and logs read it.
-func (w *Worker) decide(m Message, out Outcome) decision {
+// decide turns a message's outcome into its decision; out is nil for a
+// message that was given up without running. It is pure: the outcome
+// statement stores the decision, and the stats, spans and logs read it.
+func (w *Worker) decide(m Message, out *Outcome) decision {
 	var wait *waitError
 	var ra *retryAfterError
 	switch {
-	case m.Attempt > w.cfg.MaxAttempts:
+	case out == nil:
 		// Not handled at all: its earlier attempts never finished.
 		return decision{status: StatusDead, lastError: fmt.Sprintf(
 			"gave up after %d attempts: the last ones never finished (the process died, or lost its database connection, while handling the message)",
@@ -705,9 +713,9 @@ func IsLockNotAvailable(err error) bool {
 	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
 }
 
-// complete records every message's decision in one statement, and returns
-// the decisions.
-func (w *Worker) complete(ctx context.Context, tx pgx.Tx, msgs []Message, outcomes []Outcome) ([]decision, error) {
+// complete records every message's decision in one statement; decisions is
+// parallel to msgs.
+func (w *Worker) complete(ctx context.Context, tx pgx.Tx, msgs []Message, decisions []decision) error {
 	p := dbsqlc.InboxCompleteManyParams{
 		Process:       w.cfg.Process,
 		Build:         w.cfg.Build,
@@ -717,10 +725,8 @@ func (w *Worker) complete(ctx context.Context, tx pgx.Tx, msgs []Message, outcom
 		LastErrors:    make([]string, len(msgs)),
 		RetryDelaysMs: make([]int64, len(msgs)),
 	}
-	decisions := make([]decision, len(msgs))
 	for i, m := range msgs {
-		d := w.decide(m, outcomes[i])
-		decisions[i] = d
+		d := decisions[i]
 		p.Ids[i], p.Statuses[i], p.Results[i], p.LastErrors[i] = m.ID, d.status, d.result, d.lastError
 		p.RetryDelaysMs[i] = d.delay.Milliseconds()
 		mctx := m.Context(ctx)
@@ -737,9 +743,9 @@ func (w *Worker) complete(ctx context.Context, tx pgx.Tx, msgs []Message, outcom
 		}
 	}
 	if err := w.queries.InboxCompleteMany(ctx, tx, p); err != nil {
-		return nil, fmt.Errorf("record outcomes: %w", err)
+		return fmt.Errorf("record outcomes: %w", err)
 	}
-	return decisions, nil
+	return nil
 }
 
 // storable makes a handler's result or error text safe for a text column

@@ -26,8 +26,8 @@ import (
 	"github.com/orderconfirm/inboxd/internal/tracing"
 )
 
-// MaxMessageIDBytes is the longest message_id (and type) ingest stores.
-const MaxMessageIDBytes = 255
+// maxMessageIDBytes is the longest message_id (and type) ingest stores.
+const maxMessageIDBytes = 255
 
 // Defaults of Config.
 const (
@@ -194,24 +194,10 @@ func (c *Ingest) Stop(ctx context.Context) {
 }
 
 func (c *Ingest) run(fetchCtx, workCtx context.Context) {
-	failures := 0
-	for fetchCtx.Err() == nil {
-		started := time.Now()
-		err := c.session(fetchCtx, workCtx)
-		if fetchCtx.Err() != nil {
-			return
-		}
-		if time.Since(started) > time.Minute {
-			failures = 0
-		}
-		failures++
-		delay := retry.Backoff(failures, 200*time.Millisecond, 15*time.Second)
-		c.logger.Warn("broker session ended, reconnecting",
-			slog.String("error", errString(err)), slog.Duration("retry_in", delay))
-		if !retry.Sleep(fetchCtx, delay) {
-			return
-		}
-	}
+	retry.Reconnect(fetchCtx, retry.ReconnectConfig{
+		Base: 200 * time.Millisecond, Max: 15 * time.Second, ResetAfter: time.Minute,
+		Logger: c.logger, Message: "broker session ended, reconnecting",
+	}, func(fetchCtx context.Context) error { return c.session(fetchCtx, workCtx) })
 }
 
 // session runs one connection: it declares the topology and consumes on one
@@ -520,7 +506,7 @@ func (c *Ingest) classify(d amqp.Delivery) (row, string) {
 
 // validText reports whether s can be stored in a text column as an id.
 func validText(s string) bool {
-	return len(s) <= MaxMessageIDBytes && utf8.ValidString(s) && !strings.ContainsRune(s, 0)
+	return len(s) <= maxMessageIDBytes && utf8.ValidString(s) && !strings.ContainsRune(s, 0)
 }
 
 // stored is what storing a batch of rows came to.
@@ -677,7 +663,7 @@ func isDataError(err error) bool {
 // dead letter that no queue took is an error: the batch then stays
 // unacknowledged, and the next session declares broker.QueueDead again.
 func (c *Ingest) deadLetter(ctx context.Context, dlch *amqp.Channel, returns <-chan amqp.Return, rejects []rejection) error {
-	confirms := make([]*amqp.DeferredConfirmation, 0, len(rejects))
+	pub := broker.Publisher{Ch: dlch}
 	for _, r := range rejects {
 		d := r.delivery
 		headers := amqp.Table{}
@@ -687,7 +673,7 @@ func (c *Ingest) deadLetter(ctx context.Context, dlch *amqp.Channel, returns <-c
 		headers[broker.HeaderRejectReason] = r.reason
 		headers[broker.HeaderOriginalExchange] = d.Exchange
 		headers[broker.HeaderOriginalRoutingKey] = d.RoutingKey
-		dc, err := dlch.PublishWithDeferredConfirmWithContext(ctx, broker.ExchangeDeadLetter, d.RoutingKey, true, false, amqp.Publishing{
+		err := pub.Publish(ctx, broker.ExchangeDeadLetter, d.RoutingKey, true, amqp.Publishing{
 			Headers:         headers,
 			ContentType:     d.ContentType,
 			ContentEncoding: d.ContentEncoding,
@@ -702,19 +688,15 @@ func (c *Ingest) deadLetter(ctx context.Context, dlch *amqp.Channel, returns <-c
 		if err != nil {
 			return err
 		}
-		confirms = append(confirms, dc)
 		c.logger.WarnContext(tracing.FromHeaders(d.Headers).Context(ctx), "delivery dead-lettered",
 			slog.String("message_id", d.MessageId), slog.String("routing_key", d.RoutingKey),
 			slog.Int("bytes", len(d.Body)), slog.String("reason", r.reason))
 	}
-	for _, dc := range confirms {
-		ok, err := dc.WaitContext(ctx)
-		if err != nil {
-			return err
-		}
-		if !ok {
+	if err := pub.Wait(ctx); err != nil {
+		if errors.Is(err, broker.ErrNacked) {
 			return errors.New("broker refused a dead letter")
 		}
+		return err
 	}
 	// A return comes before the confirm of its publish.
 	n := len(broker.DrainReturns(returns))
@@ -722,11 +704,4 @@ func (c *Ingest) deadLetter(ctx context.Context, dlch *amqp.Channel, returns <-c
 		return fmt.Errorf("%d dead letters returned unroutable: is %s missing?", n, broker.QueueDead)
 	}
 	return nil
-}
-
-func errString(err error) string {
-	if err == nil {
-		return "none"
-	}
-	return err.Error()
 }

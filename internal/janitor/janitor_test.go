@@ -15,6 +15,7 @@ import (
 	"github.com/orderconfirm/inboxd/internal/dbsqlc"
 	"github.com/orderconfirm/inboxd/internal/janitor"
 	"github.com/orderconfirm/inboxd/internal/testenv"
+	"github.com/orderconfirm/inboxd/internal/testfactory"
 )
 
 func TestMain(m *testing.M) { testenv.Main(m) }
@@ -37,16 +38,17 @@ func exec(t *testing.T, pool *pgxpool.Pool, sql string, args ...any) {
 // age ago, with one attempt in its history.
 func seedMessage(t *testing.T, pool *pgxpool.Pool, id, status string, age time.Duration) {
 	t.Helper()
+	at := time.Now().Add(-age)
+	row := testfactory.InboxRowOpts{MessageID: id, Status: status, Attempts: 1, ReceivedAt: &at}
+	if status != "pending" {
+		row.ProcessedAt = &at
+	}
+	ctx := context.WithoutCancel(t.Context())
+	inboxID := testfactory.InboxRow(ctx, t, pool, &row)
 	exec(t, pool, `
-		WITH m AS (
-			INSERT INTO inbox (message_id, message_type, payload, status, attempts, received_at, processed_at)
-			VALUES ($1, 'order.created', '{}', $2, 1, now() - $3::interval,
-			        CASE WHEN $2 = 'pending' THEN NULL ELSE now() - $3::interval END)
-			RETURNING id, message_id
-		)
 		INSERT INTO inbox_attempts (inbox_id, run, attempt, message_id, outcome, process, build, finished_at)
-		SELECT id, 0, 1, message_id, CASE $2 WHEN 'pending' THEN 'retry' ELSE $2 END, 'test/1', 'b1', now() - $3::interval
-		FROM m`, id, status, age.String())
+		VALUES ($1, 0, 1, $2, CASE $3 WHEN 'pending' THEN 'retry' ELSE $3 END, 'test/1', 'b1', $4)`,
+		inboxID, id, status, at)
 }
 
 // The janitor deletes exactly what is past its retention, and nothing that
@@ -70,10 +72,14 @@ func TestJanitorDeletesOnlyWhatIsPastItsRetention(t *testing.T) {
 	}
 	// A dead message that holds back a later message of its order stays,
 	// however old: deleting it would let the order run out of order.
-	exec(t, db.Pool, `
-		INSERT INTO inbox (message_id, message_type, payload, status, attempts, received_at, processed_at, order_key)
-		VALUES ('dead-blocking', 'order.created', '{}', 'dead', 10, now() - interval '40 days', now() - interval '40 days', 'o-1'),
-		       ('held', 'order.cancelled', '{}', 'pending', 0, now() - interval '39 days', NULL, 'o-1')`)
+	now := time.Now()
+	at := func(d time.Duration) *time.Time { v := now.Add(d); return &v }
+	testfactory.InboxRow(t.Context(), t, db.Pool, &testfactory.InboxRowOpts{
+		MessageID: "dead-blocking", Status: "dead", Attempts: 10, OrderKey: "o-1", ReceivedAt: at(-40 * day), ProcessedAt: at(-40 * day),
+	})
+	testfactory.InboxRow(t.Context(), t, db.Pool, &testfactory.InboxRowOpts{
+		MessageID: "held", MessageType: "order.cancelled", OrderKey: "o-1", ReceivedAt: at(-39 * day),
+	})
 	exec(t, db.Pool, `
 		INSERT INTO outbox (idempotency_key, message_id, routing_key, payload, created_at, published_at)
 		VALUES ('e-old', 'processed-old', 'order.confirmed', '{}', now() - interval '9 days', now() - interval '8 days'),

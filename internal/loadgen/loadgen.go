@@ -165,22 +165,9 @@ func PublishPaced(ctx context.Context, amqpURL string, msgs []Message, window, p
 	if err := ch.Confirm(false); err != nil {
 		return err
 	}
-	window = max(window, 1)
 	// A sliding window: once window publishes are unconfirmed, wait for
 	// the oldest before the next.
-	pending := make([]*amqp.DeferredConfirmation, 0, window)
-	waitOldest := func() error {
-		dc := pending[0]
-		pending = pending[1:]
-		ok, err := dc.WaitContext(ctx)
-		if err != nil {
-			return err
-		}
-		if !ok {
-			return errors.New("broker nacked a publish")
-		}
-		return nil
-	}
+	pub := broker.Publisher{Ch: ch, Window: max(window, 1)}
 	started := time.Now()
 	for i, m := range msgs {
 		if perSecond > 0 {
@@ -192,12 +179,7 @@ func PublishPaced(ctx context.Context, amqpURL string, msgs []Message, window, p
 				}
 			}
 		}
-		if len(pending) == window {
-			if err := waitOldest(); err != nil {
-				return err
-			}
-		}
-		dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, broker.ExchangeOrders, m.RoutingKey, false, false, amqp.Publishing{
+		err := pub.Publish(ctx, broker.ExchangeOrders, m.RoutingKey, false, amqp.Publishing{
 			ContentType:  "application/json",
 			DeliveryMode: amqp.Persistent,
 			MessageId:    m.MessageID,
@@ -207,14 +189,8 @@ func PublishPaced(ctx context.Context, amqpURL string, msgs []Message, window, p
 		if err != nil {
 			return fmt.Errorf("publish: %w", err)
 		}
-		pending = append(pending, dc)
 	}
-	for len(pending) > 0 {
-		if err := waitOldest(); err != nil {
-			return err
-		}
-	}
-	return nil
+	return pub.Wait(ctx)
 }
 
 // PublishParallel splits msgs into n contiguous parts and publishes each on
@@ -240,9 +216,9 @@ func DeclareTopology(amqpURL, queueType string) error {
 // dial opens a connection and a channel on it; closing the connection
 // closes both.
 func dial(amqpURL string) (*amqp.Connection, *amqp.Channel, error) {
-	conn, err := amqp.Dial(amqpURL)
+	conn, err := broker.Dial(amqpURL, "inboxd loadgen", broker.HeartbeatDefault)
 	if err != nil {
-		return nil, nil, fmt.Errorf("connect: %w", err)
+		return nil, nil, err
 	}
 	ch, err := conn.Channel()
 	if err != nil {

@@ -42,20 +42,13 @@ func (g *GaugeLock) Held() bool { return g != nil && g.held.Load() }
 
 // Run tries to take the lock, and keeps it, until ctx ends.
 func (g *GaugeLock) Run(ctx context.Context) {
-	failures := 0
-	for ctx.Err() == nil {
-		err := g.session(ctx)
-		g.held.Store(false)
-		if ctx.Err() != nil {
-			return
-		}
-		failures++
-		delay := retry.Backoff(failures, 200*time.Millisecond, g.interval)
-		g.logger.Warn("gauge lock session ended", slog.String("error", errString(err)), slog.Duration("retry_in", delay))
-		if !retry.Sleep(ctx, delay) {
-			return
-		}
-	}
+	retry.Reconnect(ctx, retry.ReconnectConfig{
+		Base: 200 * time.Millisecond, Max: g.interval,
+		Logger: g.logger, Message: "gauge lock session ended",
+	}, func(ctx context.Context) error {
+		defer g.held.Store(false)
+		return g.session(ctx)
+	})
 }
 
 func (g *GaugeLock) session(ctx context.Context) error {
@@ -88,11 +81,4 @@ func (g *GaugeLock) session(ctx context.Context) error {
 		case <-tick.C:
 		}
 	}
-}
-
-func errString(err error) string {
-	if err == nil {
-		return "none"
-	}
-	return err.Error()
 }

@@ -136,7 +136,7 @@ func lockID(ctx context.Context, db *sql.DB) (int64, error) {
 // against a schema it does not know fails at once, with what to do. Only
 // the version table is read: any role that can read it can check.
 func Check(ctx context.Context, connConfig *pgx.ConnConfig) error {
-	want, err := Latest()
+	want, err := latest()
 	if err != nil {
 		return err
 	}
@@ -159,8 +159,8 @@ func Check(ctx context.Context, connConfig *pgx.ConnConfig) error {
 	return invalidIndexes(ctx, conn)
 }
 
-// Latest returns the version of the newest embedded migration.
-func Latest() (int64, error) {
+// latest returns the version of the newest embedded migration.
+func latest() (int64, error) {
 	names, err := fs.Glob(migrations.FS, "*.sql")
 	if err != nil {
 		return 0, err

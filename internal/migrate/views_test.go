@@ -2,37 +2,41 @@ package migrate_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
 	"github.com/orderconfirm/inboxd/internal/testenv"
+	"github.com/orderconfirm/inboxd/internal/testfactory"
 )
 
 // seedKnownStates fills a fresh schema with messages in every state an
 // operator asks about, as the service would have left them.
 func seedKnownStates(t *testing.T, db *testenv.DB) {
 	t.Helper()
+	now := time.Now()
+	at := func(d time.Duration) *time.Time { v := now.Add(d); return &v }
+	for _, row := range []testfactory.InboxRowOpts{
+		// pending: one new, one being handled, one waiting for a retry
+		{MessageID: "new", OrderKey: "o-1", ReceivedAt: at(-2 * time.Minute)},
+		{MessageID: "handling", Attempts: 1, OrderKey: "o-2", ReceivedAt: at(-time.Minute), ClaimedAt: at(0), ClaimedBy: "host/7", ClaimedBuild: "b2"},
+		{MessageID: "retrying", Attempts: 2, LastError: "deadlock", OrderKey: "o-3", ReceivedAt: at(-30 * time.Second), NextAttemptAt: at(time.Minute)},
+		// processed at known times
+		{MessageID: "done-1", Status: "processed", Attempts: 1, OrderKey: "o-4", ReceivedAt: at(-20 * time.Minute), ProcessedAt: at(-10 * time.Second)},
+		{MessageID: "done-2", Status: "processed", Attempts: 1, OrderKey: "o-5", ReceivedAt: at(-20 * time.Minute), ProcessedAt: at(-20 * time.Second)},
+		{MessageID: "done-3", MessageType: "order.cancelled", Status: "processed", Attempts: 1, OrderKey: "o-5", ReceivedAt: at(-20 * time.Minute), ProcessedAt: at(-3 * time.Minute)},
+		{MessageID: "done-4", Status: "processed", Attempts: 1, OrderKey: "o-6", ReceivedAt: at(-20 * time.Minute), ProcessedAt: at(-10 * time.Minute)},
+		{MessageID: "to-replay", Status: "processed", Attempts: 1, OrderKey: "o-7", ReceivedAt: at(-20 * time.Minute), ProcessedAt: at(-15 * time.Minute)},
+		// dead: two for one reason, one for another; dead-sku holds back a later message of its order
+		{MessageID: "dead-json", Payload: `x`, Status: "dead", Attempts: 1, LastError: "invalid JSON", ReceivedAt: at(-time.Hour), ProcessedAt: at(-50 * time.Minute)},
+		{MessageID: "dead-sku", Status: "dead", Attempts: 10, LastError: "unknown SKU", OrderKey: "o-9", ReceivedAt: at(-time.Hour), ProcessedAt: at(-40 * time.Minute)},
+		{MessageID: "dead-sku2", Status: "dead", Attempts: 10, LastError: "unknown SKU", OrderKey: "o-10", ReceivedAt: at(-time.Hour), ProcessedAt: at(-30 * time.Minute)},
+		{MessageID: "held", MessageType: "order.cancelled", OrderKey: "o-9", ReceivedAt: at(-5 * time.Minute)},
+	} {
+		testfactory.InboxRow(t.Context(), t, db.Pool, &row)
+	}
 	_, err := db.Pool.Exec(t.Context(), `
-		INSERT INTO inbox (message_id, message_type, payload, status, attempts, last_error, order_key,
-		                   received_at, processed_at, next_attempt_at, claimed_at, claimed_by, claimed_build)
-		VALUES
-		  -- pending: one new, one being handled, one waiting for a retry
-		  ('new',       'order.created',   '{}', 'pending',   0, NULL,            'o-1', now() - interval '2 minutes',  NULL, now(), NULL, NULL, NULL),
-		  ('handling',  'order.created',   '{}', 'pending',   1, NULL,            'o-2', now() - interval '1 minute',   NULL, now(), now(), 'host/7', 'b2'),
-		  ('retrying',  'order.created',   '{}', 'pending',   2, 'deadlock',      'o-3', now() - interval '30 seconds', NULL, now() + interval '1 minute', NULL, NULL, NULL),
-		  -- processed at known times
-		  ('done-1',    'order.created',   '{}', 'processed', 1, NULL,            'o-4', now() - interval '20 minutes', now() - interval '10 seconds', now(), NULL, NULL, NULL),
-		  ('done-2',    'order.created',   '{}', 'processed', 1, NULL,            'o-5', now() - interval '20 minutes', now() - interval '20 seconds', now(), NULL, NULL, NULL),
-		  ('done-3',    'order.cancelled', '{}', 'processed', 1, NULL,            'o-5', now() - interval '20 minutes', now() - interval '3 minutes', now(), NULL, NULL, NULL),
-		  ('done-4',    'order.created',   '{}', 'processed', 1, NULL,            'o-6', now() - interval '20 minutes', now() - interval '10 minutes', now(), NULL, NULL, NULL),
-		  ('to-replay', 'order.created',   '{}', 'processed', 1, NULL,            'o-7', now() - interval '20 minutes', now() - interval '15 minutes', now(), NULL, NULL, NULL),
-		  -- dead: two for one reason, one for another; dead-sku holds back a later message of its order
-		  ('dead-json', 'order.created',   'x',  'dead',      1, 'invalid JSON',  NULL,  now() - interval '1 hour',     now() - interval '50 minutes', now(), NULL, NULL, NULL),
-		  ('dead-sku',  'order.created',   '{}', 'dead',      10, 'unknown SKU', 'o-9', now() - interval '1 hour',     now() - interval '40 minutes', now(), NULL, NULL, NULL),
-		  ('dead-sku2', 'order.created',   '{}', 'dead',      10, 'unknown SKU', 'o-10', now() - interval '1 hour',    now() - interval '30 minutes', now(), NULL, NULL, NULL),
-		  ('held',      'order.cancelled', '{}', 'pending',   0, NULL,            'o-9', now() - interval '5 minutes',  NULL, now(), NULL, NULL, NULL);
-
 		INSERT INTO inbox_attempts (inbox_id, run, attempt, message_id, outcome, error, process, build, finished_at)
 		SELECT id, 0, a.attempt, message_id, a.outcome, a.error, 'host/1', a.build, now() - a.ago
 		FROM inbox

@@ -60,19 +60,10 @@ func (l *Notifier) notify(topic Topic) {
 
 // Run listens until ctx ends.
 func (l *Notifier) Run(ctx context.Context) {
-	failures := 0
-	for ctx.Err() == nil {
-		err := l.listen(ctx)
-		if ctx.Err() != nil {
-			return
-		}
-		failures++
-		delay := retry.Backoff(failures, 100*time.Millisecond, 10*time.Second)
-		l.logger.Warn("listen connection lost", slog.String("error", err.Error()), slog.Duration("retry_in", delay))
-		if !retry.Sleep(ctx, delay) {
-			return
-		}
-	}
+	retry.Reconnect(ctx, retry.ReconnectConfig{
+		Base: 100 * time.Millisecond, Max: 10 * time.Second,
+		Logger: l.logger, Message: "listen connection lost",
+	}, l.listen)
 }
 
 func (l *Notifier) listen(ctx context.Context) error {

@@ -421,7 +421,7 @@ func (h *Handler) confirm(ctx context.Context, tx pgx.Tx, created []pendingCreat
 // per order, and returns for each the reason it was rejected ("" when its
 // stock is reserved); the rejected orders' rows are marked rejected. The
 // stock rows are locked already (see lockStock), so the levels read here
-// hold until the transaction ends: the decisions are made on them, and the
+// hold until the transaction ends: decideStock decides on them, and the
 // takes, reservations and rejections are then written with one statement
 // each.
 func (h *Handler) reserve(ctx context.Context, tx pgx.Tx, orders []pendingCreate) ([]string, error) {
@@ -443,44 +443,12 @@ func (h *Handler) reserve(ctx context.Context, tx pgx.Tx, orders []pendingCreate
 		available[l.Sku] = l.Available
 	}
 
-	reasons := make([]string, len(orders))
-	taken := map[string]int32{}
-	var res dbsqlc.StockReservationInsertManyParams
-	var reject dbsqlc.OrderConfirmationRejectManyParams
+	created := make([]OrderCreated, len(orders))
 	for i, c := range orders {
-		want := map[string]int32{}
-		for _, it := range c.order.Items {
-			want[it.SKU] += int32(it.Quantity)
-		}
-		var unknown, short []string
-		for _, sku := range slices.Sorted(maps.Keys(want)) {
-			have, known := available[sku]
-			switch {
-			case !known:
-				unknown = append(unknown, sku)
-			case have < want[sku]:
-				short = append(short, sku)
-			}
-		}
-		switch {
-		case len(unknown) > 0:
-			reasons[i] = "unknown sku: " + strings.Join(unknown, ",")
-		case len(short) > 0:
-			reasons[i] = "insufficient stock: " + strings.Join(short, ",")
-		}
-		if reasons[i] != "" {
-			reject.OrderIds = append(reject.OrderIds, c.order.OrderID)
-			reject.Reasons = append(reject.Reasons, reasons[i])
-			continue
-		}
-		for _, sku := range slices.Sorted(maps.Keys(want)) {
-			available[sku] -= want[sku]
-			taken[sku] += want[sku]
-			res.OrderIds = append(res.OrderIds, c.order.OrderID)
-			res.Skus = append(res.Skus, sku)
-			res.Quantities = append(res.Quantities, want[sku])
-		}
+		created[i] = c.order
 	}
+	d := decideStock(created, available)
+	res, take, reject := d.reservations, d.take, d.reject
 
 	if len(res.OrderIds) > 0 {
 		inserted, err := h.queries.StockReservationInsertMany(ctx, tx, res)
@@ -491,11 +459,6 @@ func (h *Handler) reserve(ctx context.Context, tx pgx.Tx, orders []pendingCreate
 			// Only an order recorded in this very transaction reserves, so
 			// its reservations cannot exist yet: refuse to take stock twice.
 			return nil, fmt.Errorf("record reservations: %d of %d already existed", len(res.OrderIds)-len(inserted), len(res.OrderIds))
-		}
-		var take dbsqlc.StockTakeManyParams
-		for _, sku := range slices.Sorted(maps.Keys(taken)) {
-			take.Skus = append(take.Skus, sku)
-			take.Quantities = append(take.Quantities, taken[sku])
 		}
 		n, err := h.queries.StockTakeMany(ctx, tx, take)
 		if err != nil {
@@ -510,7 +473,7 @@ func (h *Handler) reserve(ctx context.Context, tx pgx.Tx, orders []pendingCreate
 			return nil, fmt.Errorf("reject orders: %w", err)
 		}
 	}
-	return reasons, nil
+	return d.reasons, nil
 }
 
 // cancel moves a confirmed order to cancelled and gives its stock back; the

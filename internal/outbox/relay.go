@@ -178,24 +178,13 @@ func (r *Relay) Stop(ctx context.Context) {
 }
 
 func (r *Relay) run(ctx, workCtx context.Context) {
-	failures := 0
-	for ctx.Err() == nil {
-		started := time.Now()
-		err := r.session(ctx, workCtx)
-		r.connected.Store(false)
-		if ctx.Err() != nil {
-			return
-		}
-		if time.Since(started) > time.Minute {
-			failures = 0
-		}
-		failures++
-		delay := retry.Backoff(failures, 200*time.Millisecond, 15*time.Second)
-		r.logger.Warn("relay session ended, reconnecting", slog.String("error", err.Error()), slog.Duration("retry_in", delay))
-		if !retry.Sleep(ctx, delay) {
-			return
-		}
-	}
+	retry.Reconnect(ctx, retry.ReconnectConfig{
+		Base: 200 * time.Millisecond, Max: 15 * time.Second, ResetAfter: time.Minute,
+		Logger: r.logger, Message: "relay session ended, reconnecting",
+	}, func(ctx context.Context) error {
+		defer r.connected.Store(false)
+		return r.session(ctx, workCtx)
+	})
 }
 
 // session publishes on one connection until it fails or ctx ends; workCtx
@@ -238,6 +227,7 @@ func (r *Relay) session(ctx, workCtx context.Context) error {
 	}
 	poll := time.NewTicker(r.cfg.PollInterval)
 	defer poll.Stop()
+	claimFailures := 0
 	for {
 		select {
 		case <-poll.C:
@@ -247,9 +237,19 @@ func (r *Relay) session(ctx, workCtx context.Context) error {
 		default:
 		}
 		n, err := r.publishBatch(ctx, workCtx, ch, returns)
+		if claimErr := (claimError{}); errors.As(err, &claimErr) {
+			claimFailures++
+			delay := retry.Backoff(claimFailures, 100*time.Millisecond, 10*time.Second)
+			r.logger.Error("claim outbox rows", slog.String("error", claimErr.err.Error()), slog.Duration("retry_in", delay))
+			if !retry.Sleep(ctx, delay) {
+				return nil
+			}
+			continue
+		}
 		if err != nil {
 			return err
 		}
+		claimFailures = 0
 		if n > 0 {
 			continue
 		}
@@ -279,34 +279,20 @@ func (r *Relay) releaseExpired(ctx context.Context) {
 	}
 }
 
-// confirmedBy reports whether the broker confirmed dc by the time waitCtx
-// ends; a confirm already in is read as such even once waitCtx has ended.
-func confirmedBy(waitCtx context.Context, dc *amqp.DeferredConfirmation) bool {
-	select {
-	case <-dc.Done():
-		return dc.Acked()
-	default:
-	}
-	ok, err := dc.WaitContext(waitCtx)
-	if err != nil {
-		select {
-		case <-dc.Done():
-			return dc.Acked()
-		default:
-			return false
-		}
-	}
-	return ok
-}
+// claimError is a claim of outbox rows that failed: the database's trouble,
+// not the channel's, so the session backs off and claims again.
+type claimError struct{ err error }
+
+func (e claimError) Error() string { return "claim outbox rows: " + e.err.Error() }
+func (e claimError) Unwrap() error { return e.err }
 
 // publishBatch claims rows, publishes them and records the outcome. It
-// returns an error only when the channel can no longer be used.
+// returns a claimError when the claim failed, and any other error only when
+// the channel can no longer be used.
 func (r *Relay) publishBatch(ctx, workCtx context.Context, ch *amqp.Channel, returns <-chan amqp.Return) (int, error) {
 	rows, err := r.queries.OutboxClaimBatch(ctx, r.pool, int32(r.cfg.BatchSize))
 	if err != nil {
-		r.logger.Error("claim outbox rows", slog.String("error", err.Error()))
-		retry.Sleep(ctx, r.cfg.PollInterval)
-		return 0, nil
+		return 0, claimError{err}
 	}
 	if len(rows) == 0 {
 		return 0, nil
@@ -344,7 +330,8 @@ func (r *Relay) publishBatch(ctx, workCtx context.Context, ch *amqp.Channel, ret
 	heldBack := map[string]bool{} // orders with a row not published
 	var publishErr error
 	for n := 0; n < rounds && publishErr == nil; n++ {
-		confirms := map[int]*amqp.DeferredConfirmation{}
+		pub := broker.Publisher{Ch: ch}
+		var sent []int // the rows of this round that were published, in order
 		for i, row := range rows {
 			if round[i] != n {
 				continue
@@ -355,7 +342,7 @@ func (r *Relay) publishBatch(ctx, workCtx context.Context, ch *amqp.Channel, ret
 			}
 			// Mandatory: an event that neither a binding nor the alternate
 			// exchange's queue takes comes back, and its row stays unpublished.
-			dc, err := ch.PublishWithDeferredConfirmWithContext(workCtx, broker.ExchangeEvents, row.RoutingKey, true, false, amqp.Publishing{
+			err := pub.Publish(workCtx, broker.ExchangeEvents, row.RoutingKey, true, amqp.Publishing{
 				Headers:      traces[i].SetHeaders(nil),
 				ContentType:  "application/json",
 				DeliveryMode: amqp.Persistent,
@@ -369,10 +356,10 @@ func (r *Relay) publishBatch(ctx, workCtx context.Context, ch *amqp.Channel, ret
 				publishErr = err
 				break
 			}
-			confirms[i] = dc
+			sent = append(sent, i)
 		}
-		for i, dc := range confirms {
-			confirmed[i] = confirmedBy(waitCtx, dc)
+		for k, ok := range pub.Confirmed(waitCtx) {
+			confirmed[sent[k]] = ok
 		}
 		// The broker sends a return before the confirm of the same publish:
 		// every return of this round is in the channel by now.
@@ -380,7 +367,7 @@ func (r *Relay) publishBatch(ctx, workCtx context.Context, ch *amqp.Channel, ret
 		for _, ret := range broker.DrainReturns(returns) {
 			returned[ret.MessageId] = ret
 		}
-		for i := range confirms {
+		for _, i := range sent {
 			row := rows[i]
 			if ret, ok := returned[row.IdempotencyKey]; ok {
 				confirmed[i] = false
@@ -425,7 +412,7 @@ func (r *Relay) publishBatch(ctx, workCtx context.Context, ch *amqp.Channel, ret
 	if len(failed) > 0 {
 		delay := retry.Backoff(attempts, r.cfg.RetryBase, r.cfg.RetryMax)
 		if err := r.queries.OutboxRelease(recordCtx, r.pool, dbsqlc.OutboxReleaseParams{
-			Ids: failed, LastError: reason, RetryDelayMs: float64(delay.Milliseconds()),
+			Ids: failed, LastError: reason, RetryDelayMs: delay.Milliseconds(),
 		}); err != nil {
 			r.logger.Error("release outbox rows", slog.String("error", err.Error()))
 		}

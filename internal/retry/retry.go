@@ -1,4 +1,5 @@
-// Package retry holds the backoff arithmetic the services share.
+// Package retry holds the backoff the services share: its arithmetic, and
+// the loop that reconnects a session after it failed.
 package retry
 
 import (

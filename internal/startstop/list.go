@@ -36,8 +36,8 @@ func StopAll(ctx context.Context, services ...Startable) {
 	}
 }
 
-// StopAllParallel stops services at once and returns when all have stopped.
-func StopAllParallel(ctx context.Context, services ...Startable) {
+// stopAllParallel stops services at once and returns when all have stopped.
+func stopAllParallel(ctx context.Context, services ...Startable) {
 	var wg sync.WaitGroup
 	for _, s := range services {
 		wg.Go(func() { s.Stop(ctx) })
@@ -46,13 +46,13 @@ func StopAllParallel(ctx context.Context, services ...Startable) {
 }
 
 // Parallel returns a Startable that starts services in order, as StartAll
-// does, and stops them all at once, as StopAllParallel does.
+// does, and stops them all at once, as stopAllParallel does.
 func Parallel(services ...Startable) Startable { return parallel(services) }
 
 type parallel []Startable
 
 func (p parallel) Start(ctx context.Context) error { return StartAll(ctx, p...) }
-func (p parallel) Stop(ctx context.Context)        { StopAllParallel(ctx, p...) }
+func (p parallel) Stop(ctx context.Context)        { stopAllParallel(ctx, p...) }
 
 // Func returns a Startable that runs run in the background until Start's
 // ctx ends or Stop is called. run must return soon after its context ends.
