@@ -214,9 +214,10 @@ func DeclareTopology(amqpURL, queueType string) error {
 }
 
 // dial opens a connection and a channel on it; closing the connection
-// closes both.
+// closes both. The connection's name leaves out "inboxd": tests close the
+// service's connections by that name, and the publisher's must stay.
 func dial(amqpURL string) (*amqp.Connection, *amqp.Channel, error) {
-	conn, err := broker.Dial(amqpURL, "inboxd loadgen", broker.HeartbeatDefault)
+	conn, err := broker.Dial(amqpURL, "loadgen", broker.HeartbeatDefault)
 	if err != nil {
 		return nil, nil, err
 	}
