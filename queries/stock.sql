@@ -1,19 +1,18 @@
--- name: StockLockMany :exec
--- StockLockMany locks the stock rows of skus in SKU order, so that
--- transactions reserving overlapping SKUs take their locks in the same order
--- and cannot deadlock.
-SELECT sku FROM stock WHERE sku = ANY(@skus::text[]) ORDER BY sku FOR UPDATE;
+-- name: StockLock :many
+-- StockLock locks the stock rows of skus in SKU order, waiting at most
+-- wait_ms for each, then locking only those nobody holds (see the
+-- stock_lock function), and returns the rows it locked with their levels.
+SELECT l.sku::text AS sku, l.available::integer AS available
+FROM stock_lock(@skus::text[], @wait_ms::integer) AS l;
 
 -- name: StockLockAvailable :many
 -- StockLockAvailable locks, in SKU order, the stock rows of skus that no
--- other transaction holds, and returns their SKUs. It never waits: the
--- handler runs it after StockLockMany gave up on a lock, to find the SKUs
--- that another session holds.
-SELECT sku FROM stock WHERE sku = ANY(@skus::text[]) ORDER BY sku FOR UPDATE SKIP LOCKED;
+-- other transaction holds, and returns them with their levels. It never
+-- waits: the handler probes rows it found held a moment ago with it.
+SELECT sku, available FROM stock WHERE sku = ANY(@skus::text[]) ORDER BY sku FOR UPDATE SKIP LOCKED;
 
 -- name: StockGetMany :many
--- StockGetMany returns the stock of skus. The handler reads it after locking
--- the rows (StockLockMany), so the values hold until its transaction ends.
+-- StockGetMany returns the stock of skus, locked or not.
 SELECT sku, available FROM stock WHERE sku = ANY(@skus::text[]);
 
 -- name: StockTakeMany :execrows

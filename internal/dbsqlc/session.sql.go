@@ -14,7 +14,7 @@ const sessionCurrentSchema = `-- name: SessionCurrentSchema :one
 SELECT coalesce(current_schema(), '')::text AS schema
 `
 
-// Named after what it works on, the database session (its schema, LISTEN, lock_timeout), not a table.
+// Named after what it works on, the database session (its schema, LISTEN), not a table.
 // SessionCurrentSchema returns the schema that unqualified table names resolve to.
 func (q *Queries) SessionCurrentSchema(ctx context.Context, db DBTX) (string, error) {
 	row := db.QueryRow(ctx, sessionCurrentSchema)
@@ -43,24 +43,4 @@ LISTEN outbox_pending
 func (q *Queries) SessionListenOutboxPending(ctx context.Context, db DBTX) error {
 	_, err := db.Exec(ctx, sessionListenOutboxPending)
 	return err
-}
-
-const sessionSetLockTimeout = `-- name: SessionSetLockTimeout :one
-SELECT current_setting('lock_timeout')::text AS previous,
-       set_config('lock_timeout', $1::text, true)::text AS lock_timeout
-`
-
-type SessionSetLockTimeoutRow struct {
-	Previous    string
-	LockTimeout string
-}
-
-// SessionSetLockTimeout sets lock_timeout for the rest of the transaction
-// (or until a rollback to an earlier savepoint) and returns the value it
-// had, to set back.
-func (q *Queries) SessionSetLockTimeout(ctx context.Context, db DBTX, lockTimeout string) (SessionSetLockTimeoutRow, error) {
-	row := db.QueryRow(ctx, sessionSetLockTimeout, lockTimeout)
-	var i SessionSetLockTimeoutRow
-	err := row.Scan(&i.Previous, &i.LockTimeout)
-	return i, err
 }

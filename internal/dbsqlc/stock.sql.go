@@ -18,8 +18,7 @@ type StockGetManyRow struct {
 	Available int32
 }
 
-// StockGetMany returns the stock of skus. The handler reads it after locking
-// the rows (StockLockMany), so the values hold until its transaction ends.
+// StockGetMany returns the stock of skus, locked or not.
 func (q *Queries) StockGetMany(ctx context.Context, db DBTX, skus []string) ([]StockGetManyRow, error) {
 	rows, err := db.Query(ctx, stockGetMany, skus)
 	if err != nil {
@@ -40,27 +39,37 @@ func (q *Queries) StockGetMany(ctx context.Context, db DBTX, skus []string) ([]S
 	return items, nil
 }
 
-const stockLockAvailable = `-- name: StockLockAvailable :many
-SELECT sku FROM stock WHERE sku = ANY($1::text[]) ORDER BY sku FOR UPDATE SKIP LOCKED
+const stockLock = `-- name: StockLock :many
+SELECT l.sku::text AS sku, l.available::integer AS available
+FROM stock_lock($1::text[], $2::integer) AS l
 `
 
-// StockLockAvailable locks, in SKU order, the stock rows of skus that no
-// other transaction holds, and returns their SKUs. It never waits: the
-// handler runs it after StockLockMany gave up on a lock, to find the SKUs
-// that another session holds.
-func (q *Queries) StockLockAvailable(ctx context.Context, db DBTX, skus []string) ([]string, error) {
-	rows, err := db.Query(ctx, stockLockAvailable, skus)
+type StockLockParams struct {
+	Skus   []string
+	WaitMs int32
+}
+
+type StockLockRow struct {
+	Sku       string
+	Available int32
+}
+
+// StockLock locks the stock rows of skus in SKU order, waiting at most
+// wait_ms for each, then locking only those nobody holds (see the
+// stock_lock function), and returns the rows it locked with their levels.
+func (q *Queries) StockLock(ctx context.Context, db DBTX, arg StockLockParams) ([]StockLockRow, error) {
+	rows, err := db.Query(ctx, stockLock, arg.Skus, arg.WaitMs)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var items []string
+	var items []StockLockRow
 	for rows.Next() {
-		var sku string
-		if err := rows.Scan(&sku); err != nil {
+		var i StockLockRow
+		if err := rows.Scan(&i.Sku, &i.Available); err != nil {
 			return nil, err
 		}
-		items = append(items, sku)
+		items = append(items, i)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
@@ -68,16 +77,36 @@ func (q *Queries) StockLockAvailable(ctx context.Context, db DBTX, skus []string
 	return items, nil
 }
 
-const stockLockMany = `-- name: StockLockMany :exec
-SELECT sku FROM stock WHERE sku = ANY($1::text[]) ORDER BY sku FOR UPDATE
+const stockLockAvailable = `-- name: StockLockAvailable :many
+SELECT sku, available FROM stock WHERE sku = ANY($1::text[]) ORDER BY sku FOR UPDATE SKIP LOCKED
 `
 
-// StockLockMany locks the stock rows of skus in SKU order, so that
-// transactions reserving overlapping SKUs take their locks in the same order
-// and cannot deadlock.
-func (q *Queries) StockLockMany(ctx context.Context, db DBTX, skus []string) error {
-	_, err := db.Exec(ctx, stockLockMany, skus)
-	return err
+type StockLockAvailableRow struct {
+	Sku       string
+	Available int32
+}
+
+// StockLockAvailable locks, in SKU order, the stock rows of skus that no
+// other transaction holds, and returns them with their levels. It never
+// waits: the handler probes rows it found held a moment ago with it.
+func (q *Queries) StockLockAvailable(ctx context.Context, db DBTX, skus []string) ([]StockLockAvailableRow, error) {
+	rows, err := db.Query(ctx, stockLockAvailable, skus)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []StockLockAvailableRow
+	for rows.Next() {
+		var i StockLockAvailableRow
+		if err := rows.Scan(&i.Sku, &i.Available); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const stockRelease = `-- name: StockRelease :one

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -99,7 +98,7 @@ func (h *Handler) HandleBatch(ctx context.Context, tx pgx.Tx, msgs []inbox.Messa
 			outcomes[i].Err = inbox.Permanentf("unknown message type %q", m.Type)
 		}
 	}
-	blocked, err := h.lockStock(ctx, tx, decoded)
+	blocked, levels, err := h.lockStock(ctx, tx, decoded)
 	if err != nil {
 		return nil, err
 	}
@@ -121,7 +120,7 @@ func (h *Handler) HandleBatch(ctx context.Context, tx pgx.Tx, msgs []inbox.Messa
 	var events outboxRows
 	events.traceOf(msgs)
 	flush := func() error {
-		if err := h.confirm(ctx, tx, created, outcomes, &events); err != nil {
+		if err := h.confirm(ctx, tx, created, levels, outcomes, &events); err != nil {
 			return err
 		}
 		created = created[:0]
@@ -139,6 +138,7 @@ func (h *Handler) HandleBatch(ctx context.Context, tx pgx.Tx, msgs []inbox.Messa
 			if err != nil {
 				return nil, err
 			}
+			levels = nil // the stock it gave back is read again
 			outcomes[i].Result = result
 			if result == ResultCancelled || result == ResultCancelledUnseen {
 				events.add(msgs[i].MessageID, d.OrderID, EventOrderCancelled, orderEvent{EventType: EventOrderCancelled, OrderID: d.OrderID, Reason: d.Reason, MessageID: msgs[i].MessageID})
@@ -190,9 +190,9 @@ const StockHeldMemory = 2 * time.Second
 // SKU order, so that batches cannot deadlock, and waits at most
 // StockLockWait: a row that another session holds longer (an operator's
 // open transaction, say) is not waited for. It returns, per message index,
-// the SKUs it needs that another session holds; those messages must not
-// run now.
-func (h *Handler) lockStock(ctx context.Context, tx pgx.Tx, decoded []any) (map[int][]string, error) {
+// the SKUs it needs that another session holds (those messages must not
+// run now), and the levels of the rows it locked.
+func (h *Handler) lockStock(ctx context.Context, tx pgx.Tx, decoded []any) (map[int][]string, map[string]int32, error) {
 	needs := map[int][]string{}
 	cancelled := map[string]int{}
 	for i, d := range decoded {
@@ -208,7 +208,7 @@ func (h *Handler) lockStock(ctx context.Context, tx pgx.Tx, decoded []any) (map[
 	if len(cancelled) > 0 {
 		reserved, err := h.queries.StockReservedSkus(ctx, tx, slices.Collect(maps.Keys(cancelled)))
 		if err != nil {
-			return nil, fmt.Errorf("read reserved skus: %w", err)
+			return nil, nil, fmt.Errorf("read reserved skus: %w", err)
 		}
 		for _, r := range reserved {
 			i := cancelled[r.OrderID]
@@ -222,13 +222,13 @@ func (h *Handler) lockStock(ctx context.Context, tx pgx.Tx, decoded []any) (map[
 		}
 	}
 	if len(skuSet) == 0 {
-		return nil, nil
+		return nil, nil, nil
 	}
 	skus := slices.Sorted(maps.Keys(skuSet))
 
-	held, err := h.lockOrFindHeld(ctx, tx, skus)
+	levels, held, err := h.lockOrFindHeld(ctx, tx, skus)
 	if err != nil || len(held) == 0 {
-		return nil, err
+		return nil, levels, err
 	}
 	blocked := map[int][]string{}
 	for i, need := range needs {
@@ -238,15 +238,15 @@ func (h *Handler) lockStock(ctx context.Context, tx pgx.Tx, decoded []any) (map[
 			}
 		}
 	}
-	return blocked, nil
+	return blocked, levels, nil
 }
 
-// lockOrFindHeld locks the stock rows of skus and returns the SKUs of those
-// it could not: rows that exist but another session holds. Rows found held
-// before are only probed, without waiting; the others are waited for
-// StockLockWait at most, in SKU order. Rows it finds held are remembered,
-// and forgotten once a probe gets them.
-func (h *Handler) lockOrFindHeld(ctx context.Context, tx pgx.Tx, skus []string) (map[string]bool, error) {
+// lockOrFindHeld locks the stock rows of skus and returns the levels of
+// those it locked, and the SKUs of those it could not: rows that exist but
+// another session holds. Rows found held before are only probed, without
+// waiting; the others are waited for StockLockWait at most, in SKU order.
+// Rows it finds held are remembered, and forgotten once a probe gets them.
+func (h *Handler) lockOrFindHeld(ctx context.Context, tx pgx.Tx, skus []string) (map[string]int32, map[string]bool, error) {
 	var probe, rest []string
 	h.heldMu.Lock()
 	for _, sku := range skus {
@@ -258,23 +258,23 @@ func (h *Handler) lockOrFindHeld(ctx context.Context, tx pgx.Tx, skus []string) 
 	}
 	h.heldMu.Unlock()
 
-	held := map[string]bool{}
+	levels := map[string]int32{}
 	if len(probe) > 0 {
-		got, err := h.queries.StockLockAvailable(ctx, tx, probe)
+		rows, err := h.queries.StockLockAvailable(ctx, tx, probe)
 		if err != nil {
-			return nil, fmt.Errorf("lock available stock: %w", err)
+			return nil, nil, fmt.Errorf("lock available stock: %w", err)
 		}
-		for _, sku := range probe {
-			held[sku] = !slices.Contains(got, sku)
+		for _, r := range rows {
+			levels[r.Sku] = r.Available
 		}
 	}
 	if len(rest) > 0 {
-		waited, err := h.lockWaiting(ctx, tx, rest)
+		rows, err := h.queries.StockLock(ctx, tx, dbsqlc.StockLockParams{Skus: rest, WaitMs: int32(StockLockWait.Milliseconds())})
 		if err != nil {
-			return nil, err
+			return nil, nil, fmt.Errorf("lock stock: %w", err)
 		}
-		for _, sku := range waited {
-			held[sku] = true
+		for _, r := range rows {
+			levels[r.Sku] = r.Available
 		}
 	}
 
@@ -283,21 +283,21 @@ func (h *Handler) lockOrFindHeld(ctx context.Context, tx pgx.Tx, skus []string) 
 	// when there is one.
 	var notGot []string
 	for _, sku := range skus {
-		if held[sku] {
+		if _, got := levels[sku]; !got {
 			notGot = append(notGot, sku)
 		}
 	}
 	exists := map[string]bool{}
 	if len(notGot) > 0 {
-		levels, err := h.queries.StockGetMany(ctx, tx, notGot)
+		rows, err := h.queries.StockGetMany(ctx, tx, notGot)
 		if err != nil {
-			return nil, fmt.Errorf("read stock: %w", err)
+			return nil, nil, fmt.Errorf("read stock: %w", err)
 		}
-		for _, l := range levels {
-			exists[l.Sku] = true
+		for _, r := range rows {
+			exists[r.Sku] = true
 		}
 	}
-	out := map[string]bool{}
+	held := map[string]bool{}
 	h.heldMu.Lock()
 	defer h.heldMu.Unlock()
 	if h.held == nil {
@@ -305,53 +305,16 @@ func (h *Handler) lockOrFindHeld(ctx context.Context, tx pgx.Tx, skus []string) 
 	}
 	for _, sku := range skus {
 		switch {
-		case !exists[sku]:
+		case !exists[sku]: // got, or not there
 			delete(h.held, sku)
 		case slices.Contains(rest, sku):
 			h.held[sku] = time.Now() // found held again after a wait
 			fallthrough
 		default:
-			out[sku] = true
+			held[sku] = true
 		}
 	}
-	return out, nil
-}
-
-// lockWaiting locks the stock rows of skus, in SKU order, waiting at most
-// StockLockWait. When that runs out, it locks the rows nobody holds and
-// returns the others.
-func (h *Handler) lockWaiting(ctx context.Context, tx pgx.Tx, skus []string) ([]string, error) {
-	sp, err := tx.Begin(ctx)
-	if err != nil {
-		return nil, fmt.Errorf("lock stock: %w", err)
-	}
-	set, err := h.queries.SessionSetLockTimeout(ctx, sp, strconv.FormatInt(StockLockWait.Milliseconds(), 10)+"ms")
-	if err == nil {
-		if err = h.queries.StockLockMany(ctx, sp, skus); err == nil {
-			// Back to the session's lock_timeout for the rest of the batch.
-			if _, err = h.queries.SessionSetLockTimeout(ctx, sp, set.Previous); err == nil {
-				return nil, sp.Commit(ctx)
-			}
-		}
-	}
-	// The rollback to the savepoint restores lock_timeout too.
-	if rbErr := sp.Rollback(context.WithoutCancel(ctx)); rbErr != nil {
-		return nil, fmt.Errorf("lock stock: %w (and rolling back: %w)", err, rbErr)
-	}
-	if !inbox.IsLockNotAvailable(err) {
-		return nil, fmt.Errorf("lock stock: %w", err)
-	}
-	got, err := h.queries.StockLockAvailable(ctx, tx, skus)
-	if err != nil {
-		return nil, fmt.Errorf("lock available stock: %w", err)
-	}
-	var held []string
-	for _, sku := range skus {
-		if !slices.Contains(got, sku) {
-			held = append(held, sku)
-		}
-	}
-	return held, nil
+	return levels, held, nil
 }
 
 type pendingCreate struct {
@@ -364,7 +327,7 @@ type pendingCreate struct {
 // order it newly recorded (all of an order's items, or none), rejects the
 // orders whose stock falls short, and sets each message's result and
 // effects from that.
-func (h *Handler) confirm(ctx context.Context, tx pgx.Tx, created []pendingCreate, outcomes []inbox.Outcome, events *outboxRows) error {
+func (h *Handler) confirm(ctx context.Context, tx pgx.Tx, created []pendingCreate, levels map[string]int32, outcomes []inbox.Outcome, events *outboxRows) error {
 	if len(created) == 0 {
 		return nil
 	}
@@ -393,7 +356,7 @@ func (h *Handler) confirm(ctx context.Context, tx pgx.Tx, created []pendingCreat
 			outcomes[c.index].Result = ResultAlreadyRecorded
 		}
 	}
-	rejections, err := h.reserve(ctx, tx, fresh)
+	rejections, err := h.reserve(ctx, tx, fresh, levels)
 	if err != nil {
 		return err
 	}
@@ -420,27 +383,31 @@ func (h *Handler) confirm(ctx context.Context, tx pgx.Tx, created []pendingCreat
 // reserve reserves the stock of each order, in order and all or nothing
 // per order, and returns for each the reason it was rejected ("" when its
 // stock is reserved); the rejected orders' rows are marked rejected. The
-// stock rows are locked already (see lockStock), so the levels read here
-// hold until the transaction ends: decideStock decides on them, and the
-// takes, reservations and rejections are then written with one statement
-// each.
-func (h *Handler) reserve(ctx context.Context, tx pgx.Tx, orders []pendingCreate) ([]string, error) {
+// stock rows are locked already (see lockStock), so their levels hold until
+// the transaction ends: decideStock decides on them, and the takes,
+// reservations and rejections are then written with one statement each.
+// levels are the locked rows' levels as lockStock read them, kept current
+// here as stock is taken; nil (stock was given back since) reads them.
+func (h *Handler) reserve(ctx context.Context, tx pgx.Tx, orders []pendingCreate, levels map[string]int32) ([]string, error) {
 	if len(orders) == 0 {
 		return nil, nil
 	}
-	skuSet := map[string]bool{}
-	for _, c := range orders {
-		for _, it := range c.order.Items {
-			skuSet[it.SKU] = true
+	available := levels
+	if available == nil {
+		skuSet := map[string]bool{}
+		for _, c := range orders {
+			for _, it := range c.order.Items {
+				skuSet[it.SKU] = true
+			}
 		}
-	}
-	levels, err := h.queries.StockGetMany(ctx, tx, slices.Sorted(maps.Keys(skuSet)))
-	if err != nil {
-		return nil, fmt.Errorf("read stock: %w", err)
-	}
-	available := make(map[string]int32, len(levels))
-	for _, l := range levels {
-		available[l.Sku] = l.Available
+		rows, err := h.queries.StockGetMany(ctx, tx, slices.Sorted(maps.Keys(skuSet)))
+		if err != nil {
+			return nil, fmt.Errorf("read stock: %w", err)
+		}
+		available = make(map[string]int32, len(rows))
+		for _, r := range rows {
+			available[r.Sku] = r.Available
+		}
 	}
 
 	created := make([]OrderCreated, len(orders))
@@ -466,6 +433,11 @@ func (h *Handler) reserve(ctx context.Context, tx pgx.Tx, orders []pendingCreate
 		}
 		if n != int64(len(take.Skus)) {
 			return nil, fmt.Errorf("take stock: %d of %d SKUs no longer had the stock", int64(len(take.Skus))-n, len(take.Skus))
+		}
+		for i, sku := range take.Skus {
+			if levels != nil {
+				levels[sku] -= take.Quantities[i]
+			}
 		}
 	}
 	if len(reject.OrderIds) > 0 {
