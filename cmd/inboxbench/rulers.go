@@ -150,24 +150,20 @@ func benchDomainRuler(ctx context.Context, o *options, r *report) error {
 			if relayErr.Load() != nil {
 				return
 			}
-			confirms := make([]*amqp.DeferredConfirmation, 0, 2*len(batch))
+			events := &broker.Publisher{Ch: pub}
 			for _, d := range batch {
 				for _, key := range []string{"order.confirmed", "email.requested"} {
-					dc, err := pub.PublishWithDeferredConfirmWithContext(ctx, broker.ExchangeEvents, key, true, false, amqp.Publishing{
+					if err := events.Publish(ctx, broker.ExchangeEvents, key, true, amqp.Publishing{
 						MessageId: d.MessageId + ":" + key, DeliveryMode: amqp.Persistent, ContentType: "application/json", Body: d.Body,
-					})
-					if err != nil {
+					}); err != nil {
 						fail(err)
 						return
 					}
-					confirms = append(confirms, dc)
 				}
 			}
-			for _, dc := range confirms {
-				if ok, err := dc.WaitContext(ctx); err != nil || !ok {
-					fail(fmt.Errorf("event not confirmed: %v", err))
-					return
-				}
+			if err := events.Wait(ctx); err != nil {
+				fail(fmt.Errorf("events not confirmed: %w", err))
+				return
 			}
 			_ = batch[len(batch)-1].Ack(true)
 		})
