@@ -62,7 +62,7 @@ func (b *Broker) Queue(tb testing.TB, queue string) amqp.Queue {
 
 // Receive consumes n messages from a queue of the virtual host (acking
 // them) and returns them, failing the test if they have not all arrived
-// within 20 seconds.
+// within a minute.
 func (b *Broker) Receive(tb testing.TB, queue string, n int) []amqp.Delivery {
 	tb.Helper()
 	conn, err := amqp.Dial(b.URL)
@@ -73,7 +73,7 @@ func (b *Broker) Receive(tb testing.TB, queue string, n int) []amqp.Delivery {
 	deliveries, err := ch.Consume(queue, "", true, false, false, false, nil)
 	require.NoError(tb, err)
 	var got []amqp.Delivery
-	timeout := time.After(20 * time.Second)
+	timeout := time.After(60 * time.Second)
 	for len(got) < n {
 		select {
 		case d := <-deliveries:
