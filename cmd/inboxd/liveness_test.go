@@ -164,9 +164,9 @@ func TestOversizedBodiesStayWithinTheBudget(t *testing.T) {
 	}
 }
 
-// Acceptance: a replica killed with SIGKILL while a backlog drains. Another
-// replica takes its claimed messages over once their lease has run out, a
-// batch at a time, beside the backlog: within the lease and a poll
+// Acceptance: of two replicas, one is killed with SIGKILL while a backlog
+// drains. The other takes its claimed messages over once their lease has
+// run out, a batch at a time, beside the backlog: within the lease and a poll
 // interval (and a margin for this machine), not after the backlog.
 // TAKEOVER_TEST_BACKLOG sets the backlog (20,000 by default; the README's
 // figure is of 50,000).
@@ -190,15 +190,18 @@ func TestAKilledReplicasClaimsAreTakenOverDuringABacklog(t *testing.T) {
 	w := loadgen.Generate(loadgen.Spec{Orders: backlog, Seed: 13})
 	require.NoError(t, loadgen.Publish(t.Context(), b.broker.URL, w.Messages, 500))
 
-	const claimedNow = "SELECT count(*) FROM inbox WHERE status = 'pending' AND claimed_at IS NOT NULL"
+	// Two replicas; A, started first, is the queue's active consumer.
 	a := startProcess(t, env)
-	require.Eventually(t, func() bool { return b.count(t, claimedNow) >= 1000 }, time.Minute, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return b.count(t, "SELECT count(*) FROM inbox") > 0 }, time.Minute, 5*time.Millisecond)
+	startProcess(t, env)
+	claimedByA := fmt.Sprintf("claimed_by LIKE '%%/%d'", a.cmd.Process.Pid)
+	require.Eventually(t, func() bool {
+		return b.count(t, "SELECT count(*) FROM inbox WHERE status = 'pending' AND "+claimedByA) >= 1000
+	}, time.Minute, 5*time.Millisecond)
 	a.kill()
 	killed := time.Now()
-	claimed := b.db.Strings(t, "SELECT message_id FROM inbox WHERE status = 'pending' AND claimed_at IS NOT NULL")
+	claimed := b.db.Strings(t, "SELECT message_id FROM inbox WHERE status = 'pending' AND "+claimedByA)
 	require.NotEmpty(t, claimed)
-
-	startProcess(t, env)
 	const open = "SELECT count(*) FROM inbox WHERE message_id = ANY($1) AND status <> 'processed'"
 	require.Eventually(t, func() bool { return b.count(t, open, claimed) == 0 }, 2*time.Minute, 20*time.Millisecond)
 	var last time.Time
