@@ -187,7 +187,14 @@ func TestAKilledReplicasClaimsAreTakenOverDuringABacklog(t *testing.T) {
 	b := setup(t)
 	const lease, poll = time.Second, 200 * time.Millisecond
 	env := serviceEnv(b.db, b.broker, "INBOX_CLAIM_LEASE="+lease.String(), "INBOX_POLL_INTERVAL="+poll.String())
-	w := loadgen.Generate(loadgen.Spec{Orders: backlog, Seed: 13})
+	// Orders over many SKUs, as a real backlog has: the takeover's batches
+	// then seldom wait for the stock rows the backlog's batches hold.
+	const skus = 1000
+	for i := range skus {
+		_, err := b.db.Pool.Exec(t.Context(), "INSERT INTO stock (sku, available) VALUES ($1, $2) ON CONFLICT DO NOTHING", loadgen.SKUName(i), initialStock)
+		require.NoError(t, err)
+	}
+	w := loadgen.Generate(loadgen.Spec{Orders: backlog, Seed: 13, SKUs: skus})
 	require.NoError(t, loadgen.Publish(t.Context(), b.broker.URL, w.Messages, 500))
 
 	// Two replicas; A, started first, is the queue's active consumer.
@@ -211,7 +218,9 @@ func TestAKilledReplicasClaimsAreTakenOverDuringABacklog(t *testing.T) {
 	took := last.Sub(killed)
 	t.Logf("%d claims of the killed replica handled %s after the kill (lease %s, poll %s), with %d of the backlog of %d still to handle",
 		len(claimed), took.Round(time.Millisecond), lease, poll, after, backlog)
-	require.Less(t, took, lease+poll+5*time.Second, "taken over at the pace of batches")
+	// The margin is for a machine shared with the other tests; taken over
+	// one at a time, the same claims took 22-38 s.
+	require.Less(t, took, lease+poll+10*time.Second, "taken over at the pace of batches")
 	require.Positive(t, after, "taken over before the backlog was drained")
 
 	b.waitDrained(t, w.UniqueMessageIDs, 2*time.Minute)
