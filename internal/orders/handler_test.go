@@ -276,3 +276,35 @@ func TestHandlerReservesStock(t *testing.T) {
 		}
 	})
 }
+
+// A stock row another session holds (an owner's open UPDATE, say) makes
+// only the orders that need it wait, with the reason; the other orders of
+// the batch are confirmed, and their stock taken, in the same batch.
+func TestHandlerWaitsOnlyForHeldStockRows(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.setStock(t, map[string]int{"HELD-1": 10, "FREE-1": 10})
+	owner, err := b.db.Pool.Begin(t.Context())
+	require.NoError(t, err)
+	defer func() { _ = owner.Rollback(context.WithoutCancel(t.Context())) }()
+	_, err = owner.Exec(t.Context(), "SELECT * FROM stock WHERE sku = 'HELD-1' FOR UPDATE")
+	require.NoError(t, err)
+
+	order := func(messageID, orderID, sku string) inbox.Message {
+		body, err := json.Marshal(orders.OrderCreated{OrderID: orderID, UserID: "u", Email: "u@example.com",
+			Items: []orders.Item{{SKU: sku, Quantity: 1}}})
+		require.NoError(t, err)
+		return inbox.Message{MessageID: messageID, Type: orders.TypeOrderCreated, Payload: body}
+	}
+	out := b.handle(t, order("m-1", "o-1", "HELD-1"), order("m-2", "o-2", "FREE-1"))
+	require.ErrorContains(t, out[0].Err, "stock row HELD-1 locked by another session")
+	require.NoError(t, out[1].Err)
+	require.Equal(t, orders.ResultConfirmed, out[1].Result)
+	require.Equal(t, 9, b.available(t, "FREE-1"))
+	require.Equal(t, 1, b.orderCount(t), "o-1 waits: not recorded")
+
+	require.NoError(t, owner.Rollback(t.Context()))
+	out = b.handle(t, order("m-1", "o-1", "HELD-1"))
+	require.Equal(t, orders.ResultConfirmed, out[0].Result)
+	require.Equal(t, 9, b.available(t, "HELD-1"))
+}
