@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -517,7 +516,7 @@ func processMemory(pid int) (rss, hwm float64, err error) {
 // publishPaced publishes msgs at rate per second, in ticks of 10 ms, on one
 // confirmed channel, and returns when each message was sent.
 func publishPaced(ctx context.Context, amqpURL string, msgs []loadgen.Message, rate float64) (map[string]time.Time, error) {
-	conn, err := amqp.Dial(amqpURL)
+	conn, err := broker.Dial(amqpURL, "inboxbench paced publisher", 0)
 	if err != nil {
 		return nil, err
 	}
@@ -529,17 +528,9 @@ func publishPaced(ctx context.Context, amqpURL string, msgs []loadgen.Message, r
 	if err := ch.Confirm(false); err != nil {
 		return nil, err
 	}
-	confirms := make(chan *amqp.DeferredConfirmation, 100_000)
-	confirmed := make(chan error, 1)
-	go func() {
-		var err error
-		for dc := range confirms {
-			if ok, werr := dc.WaitContext(ctx); werr != nil || !ok {
-				err = cmpErr(err, werr, "broker nacked a publish")
-			}
-		}
-		confirmed <- err
-	}()
+	// No window: confirms are waited for at the end, so that waiting never
+	// delays a publish past its time.
+	p := &broker.Publisher{Ch: ch}
 	sent := make(map[string]time.Time, len(msgs))
 	start := time.Now()
 	tick := time.NewTicker(10 * time.Millisecond)
@@ -548,7 +539,6 @@ func publishPaced(ctx context.Context, amqpURL string, msgs []loadgen.Message, r
 	for next < len(msgs) {
 		select {
 		case <-ctx.Done():
-			close(confirms)
 			return nil, ctx.Err()
 		case <-tick.C:
 		}
@@ -556,31 +546,17 @@ func publishPaced(ctx context.Context, amqpURL string, msgs []loadgen.Message, r
 		for ; next < due; next++ {
 			m := msgs[next]
 			sent[m.MessageID] = time.Now()
-			dc, err := ch.PublishWithDeferredConfirmWithContext(ctx, broker.ExchangeOrders, m.RoutingKey, false, false, amqp.Publishing{
+			if err := p.Publish(ctx, broker.ExchangeOrders, m.RoutingKey, false, amqp.Publishing{
 				ContentType: "application/json", DeliveryMode: amqp.Persistent, MessageId: m.MessageID, Body: m.Body,
-			})
-			if err != nil {
-				close(confirms)
+			}); err != nil {
 				return nil, err
 			}
-			confirms <- dc
 		}
 	}
-	close(confirms)
-	if err := <-confirmed; err != nil {
+	if err := p.Wait(ctx); err != nil {
 		return nil, err
 	}
 	return sent, nil
-}
-
-func cmpErr(prev, err error, msg string) error {
-	if prev != nil {
-		return prev
-	}
-	if err != nil {
-		return err
-	}
-	return errors.New(msg)
 }
 
 // benchClaim measures (6): the claim statement, and a whole work batch, as

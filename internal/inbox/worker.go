@@ -386,10 +386,6 @@ func (w *Worker) takeOverLoop(fetchCtx, workCtx context.Context) {
 // It returns how many it handled and whether it stopped with more to do.
 func (w *Worker) takeOverRun(ctx context.Context) (taken int, more bool, err error) {
 	for {
-		waiting, err := w.queries.InboxHasUnfinished(ctx, w.pool, w.cfg.ClaimLease.Seconds())
-		if err != nil || !waiting {
-			return taken, false, err
-		}
 		n, err := w.takeOverBatch(ctx)
 		taken += n
 		if err != nil {

@@ -138,7 +138,7 @@ func (h *Handler) HandleBatch(ctx context.Context, tx pgx.Tx, msgs []inbox.Messa
 			if err != nil {
 				return nil, err
 			}
-			levels = nil // the stock it gave back is read again
+			levels = nil // changed by the reserve before and the stock given back
 			outcomes[i].Result = result
 			if result == ResultCancelled || result == ResultCancelledUnseen {
 				events.add(msgs[i].MessageID, d.OrderID, EventOrderCancelled, orderEvent{EventType: EventOrderCancelled, OrderID: d.OrderID, Reason: d.Reason, MessageID: msgs[i].MessageID})
@@ -386,8 +386,10 @@ func (h *Handler) confirm(ctx context.Context, tx pgx.Tx, created []pendingCreat
 // stock rows are locked already (see lockStock), so their levels hold until
 // the transaction ends: decideStock decides on them, and the takes,
 // reservations and rejections are then written with one statement each.
-// levels are the locked rows' levels as lockStock read them, kept current
-// here as stock is taken; nil (stock was given back since) reads them.
+// levels are the locked rows' levels as lockStock read them; nil reads
+// them again. The handler passes them to its first reserve only: a
+// cancellation, the only thing that ends a run of orders early, gives
+// stock back, and the next run reads the levels again.
 func (h *Handler) reserve(ctx context.Context, tx pgx.Tx, orders []pendingCreate, levels map[string]int32) ([]string, error) {
 	if len(orders) == 0 {
 		return nil, nil
@@ -433,11 +435,6 @@ func (h *Handler) reserve(ctx context.Context, tx pgx.Tx, orders []pendingCreate
 		}
 		if n != int64(len(take.Skus)) {
 			return nil, fmt.Errorf("take stock: %d of %d SKUs no longer had the stock", int64(len(take.Skus))-n, len(take.Skus))
-		}
-		for i, sku := range take.Skus {
-			if levels != nil {
-				levels[sku] -= take.Quantities[i]
-			}
 		}
 	}
 	if len(reject.OrderIds) > 0 {
