@@ -15,22 +15,30 @@ ORDER BY e.n
 ON CONFLICT (idempotency_key) DO NOTHING;
 
 -- name: OutboxClaimBatch :many
--- OutboxClaimBatch claims up to max_rows unpublished, unclaimed rows that are
--- due, oldest first, skipping rows another relay is locking, and counts an
--- attempt for each. It commits at once: the relay publishes outside any
--- transaction, then marks the rows published.
+-- OutboxClaimBatch takes up to max_rows unpublished rows that are due,
+-- oldest first, skipping rows another relay is locking, and marks them
+-- published, counting an attempt for each. The relay runs it in a
+-- transaction that it commits only once the broker has confirmed the
+-- rows: until then they stay locked, and every other session sees them
+-- unpublished. A relay that dies (or loses its connection) before the
+-- commit leaves nothing behind: the rows are unlocked, unmarked, and
+-- published again, under the same ids, by the next claim. Each row is
+-- written once by the relay, not claimed and then marked.
 --
--- A row is claimed only when every earlier unpublished row of its order is
--- claimed with it: one claimed by another relay, or waiting for a retry,
+-- A row is taken only when every earlier unpublished row of its order is
+-- taken with it: one locked by another relay, or waiting for a retry,
 -- holds back the order's later rows. With the batch published in id order,
 -- the events of one order leave in the order they were written, whatever
 -- the number of relays. RETURNING's order is not the id order: the caller
 -- sorts.
+--
+-- claimed_at is set only by releases before this one, which claimed rows in
+-- a transaction of their own; such a claim is respected for lease_ms.
 WITH candidate AS (
     SELECT id, order_key
     FROM outbox
     WHERE published_at IS NULL
-      AND claimed_at IS NULL
+      AND (claimed_at IS NULL OR claimed_at < now() - sqlc.arg(lease_ms)::bigint * interval '1 millisecond')
       AND next_attempt_at <= now()
     ORDER BY id
     LIMIT sqlc.arg(max_rows)
@@ -38,7 +46,9 @@ WITH candidate AS (
 )
 UPDATE outbox
 SET attempts = outbox.attempts + 1,
-    claimed_at = now()
+    published_at = statement_timestamp(),
+    claimed_at = NULL,
+    last_error = NULL
 FROM candidate c
 WHERE outbox.id = c.id
   AND (c.order_key IS NULL OR NOT EXISTS (
@@ -52,26 +62,11 @@ RETURNING outbox.id, outbox.idempotency_key, outbox.routing_key, outbox.payload:
           coalesce(outbox.traceparent, '') AS traceparent, coalesce(outbox.tracestate, '') AS tracestate,
           coalesce(outbox.order_key, '') AS order_key;
 
--- name: OutboxReleaseExpired :execrows
--- OutboxReleaseExpired ends the claims older than lease_seconds, those of
--- relays that died between publishing and marking, so that the rows are
--- claimed, and published under the same ids, again. It returns how many.
-UPDATE outbox
-SET claimed_at = NULL
-WHERE published_at IS NULL
-  AND claimed_at < now() - make_interval(secs => sqlc.arg(lease_seconds)::float8);
-
--- name: OutboxMarkPublished :exec
--- OutboxMarkPublished records that the broker confirmed these rows.
-UPDATE outbox
-SET published_at = now(), claimed_at = NULL, last_error = NULL
-WHERE id = ANY(@ids::bigint[]);
-
 -- name: OutboxRelease :exec
--- OutboxRelease gives claimed rows back after a failed publish, to be
--- retried after retry_delay_ms.
+-- OutboxRelease gives rows of the claiming transaction back after a failed
+-- publish, unpublished, to be retried after retry_delay_ms.
 UPDATE outbox
-SET claimed_at = NULL,
+SET published_at = NULL,
     last_error = @last_error::text,
     next_attempt_at = now() + sqlc.arg(retry_delay_ms)::bigint * interval '1 millisecond'
-WHERE id = ANY(@ids::bigint[]) AND published_at IS NULL;
+WHERE id = ANY(@ids::bigint[]);

@@ -15,15 +15,17 @@ WITH candidate AS (
     SELECT id, order_key
     FROM outbox
     WHERE published_at IS NULL
-      AND claimed_at IS NULL
+      AND (claimed_at IS NULL OR claimed_at < now() - $1::bigint * interval '1 millisecond')
       AND next_attempt_at <= now()
     ORDER BY id
-    LIMIT $1
+    LIMIT $2
     FOR UPDATE SKIP LOCKED
 )
 UPDATE outbox
 SET attempts = outbox.attempts + 1,
-    claimed_at = now()
+    published_at = statement_timestamp(),
+    claimed_at = NULL,
+    last_error = NULL
 FROM candidate c
 WHERE outbox.id = c.id
   AND (c.order_key IS NULL OR NOT EXISTS (
@@ -38,6 +40,11 @@ RETURNING outbox.id, outbox.idempotency_key, outbox.routing_key, outbox.payload:
           coalesce(outbox.order_key, '') AS order_key
 `
 
+type OutboxClaimBatchParams struct {
+	LeaseMs int64
+	MaxRows int32
+}
+
 type OutboxClaimBatchRow struct {
 	ID             int64
 	IdempotencyKey string
@@ -50,19 +57,27 @@ type OutboxClaimBatchRow struct {
 	OrderKey       string
 }
 
-// OutboxClaimBatch claims up to max_rows unpublished, unclaimed rows that are
-// due, oldest first, skipping rows another relay is locking, and counts an
-// attempt for each. It commits at once: the relay publishes outside any
-// transaction, then marks the rows published.
+// OutboxClaimBatch takes up to max_rows unpublished rows that are due,
+// oldest first, skipping rows another relay is locking, and marks them
+// published, counting an attempt for each. The relay runs it in a
+// transaction that it commits only once the broker has confirmed the
+// rows: until then they stay locked, and every other session sees them
+// unpublished. A relay that dies (or loses its connection) before the
+// commit leaves nothing behind: the rows are unlocked, unmarked, and
+// published again, under the same ids, by the next claim. Each row is
+// written once by the relay, not claimed and then marked.
 //
-// A row is claimed only when every earlier unpublished row of its order is
-// claimed with it: one claimed by another relay, or waiting for a retry,
+// A row is taken only when every earlier unpublished row of its order is
+// taken with it: one locked by another relay, or waiting for a retry,
 // holds back the order's later rows. With the batch published in id order,
 // the events of one order leave in the order they were written, whatever
 // the number of relays. RETURNING's order is not the id order: the caller
 // sorts.
-func (q *Queries) OutboxClaimBatch(ctx context.Context, db DBTX, maxRows int32) ([]OutboxClaimBatchRow, error) {
-	rows, err := db.Query(ctx, outboxClaimBatch, maxRows)
+//
+// claimed_at is set only by releases before this one, which claimed rows in
+// a transaction of their own; such a claim is respected for lease_ms.
+func (q *Queries) OutboxClaimBatch(ctx context.Context, db DBTX, arg OutboxClaimBatchParams) ([]OutboxClaimBatchRow, error) {
+	rows, err := db.Query(ctx, outboxClaimBatch, arg.LeaseMs, arg.MaxRows)
 	if err != nil {
 		return nil, err
 	}
@@ -131,24 +146,12 @@ func (q *Queries) OutboxInsertMany(ctx context.Context, db DBTX, arg OutboxInser
 	return err
 }
 
-const outboxMarkPublished = `-- name: OutboxMarkPublished :exec
-UPDATE outbox
-SET published_at = now(), claimed_at = NULL, last_error = NULL
-WHERE id = ANY($1::bigint[])
-`
-
-// OutboxMarkPublished records that the broker confirmed these rows.
-func (q *Queries) OutboxMarkPublished(ctx context.Context, db DBTX, ids []int64) error {
-	_, err := db.Exec(ctx, outboxMarkPublished, ids)
-	return err
-}
-
 const outboxRelease = `-- name: OutboxRelease :exec
 UPDATE outbox
-SET claimed_at = NULL,
+SET published_at = NULL,
     last_error = $1::text,
     next_attempt_at = now() + $2::bigint * interval '1 millisecond'
-WHERE id = ANY($3::bigint[]) AND published_at IS NULL
+WHERE id = ANY($3::bigint[])
 `
 
 type OutboxReleaseParams struct {
@@ -157,27 +160,9 @@ type OutboxReleaseParams struct {
 	Ids          []int64
 }
 
-// OutboxRelease gives claimed rows back after a failed publish, to be
-// retried after retry_delay_ms.
+// OutboxRelease gives rows of the claiming transaction back after a failed
+// publish, unpublished, to be retried after retry_delay_ms.
 func (q *Queries) OutboxRelease(ctx context.Context, db DBTX, arg OutboxReleaseParams) error {
 	_, err := db.Exec(ctx, outboxRelease, arg.LastError, arg.RetryDelayMs, arg.Ids)
 	return err
-}
-
-const outboxReleaseExpired = `-- name: OutboxReleaseExpired :execrows
-UPDATE outbox
-SET claimed_at = NULL
-WHERE published_at IS NULL
-  AND claimed_at < now() - make_interval(secs => $1::float8)
-`
-
-// OutboxReleaseExpired ends the claims older than lease_seconds, those of
-// relays that died between publishing and marking, so that the rows are
-// claimed, and published under the same ids, again. It returns how many.
-func (q *Queries) OutboxReleaseExpired(ctx context.Context, db DBTX, leaseSeconds float64) (int64, error) {
-	result, err := db.Exec(ctx, outboxReleaseExpired, leaseSeconds)
-	if err != nil {
-		return 0, err
-	}
-	return result.RowsAffected(), nil
 }

@@ -1,7 +1,8 @@
 // Package outbox publishes the effects that leave the service. Handlers write
 // them to the outbox table in the same transaction as the state they follow
-// from; the Relay publishes them to RabbitMQ afterwards, outside any
-// transaction, and marks them published once the broker has confirmed them.
+// from; the Relay publishes them to RabbitMQ afterwards, marking them
+// published in a transaction of its own that commits once the broker has
+// confirmed them.
 package outbox
 
 import (
@@ -51,9 +52,11 @@ type RelayConfig struct {
 	// PollInterval is how often the relay looks for rows when nothing has
 	// woken it. Defaults to 1 second.
 	PollInterval time.Duration
-	// Lease is how long a claimed row is left to its relay; a row whose relay
-	// died is published again, under the same message id, once it has
-	// passed. Defaults to 30 seconds.
+	// Lease is how long a claim left by a relay of an earlier release (which
+	// claimed rows in a transaction of their own) is respected; a row whose
+	// relay died is published again, under the same message id, once it has
+	// passed. This release's relays hold their rows by a row lock, which
+	// ends with their connection. Defaults to 30 seconds.
 	Lease time.Duration
 	// ConfirmTimeout bounds the wait for the broker's confirms of a batch.
 	// Defaults to 10 seconds.
@@ -99,14 +102,16 @@ func (c *RelayConfig) withDefaults() (*RelayConfig, error) {
 
 // Relay publishes outbox rows to broker.ExchangeEvents as persistent messages
 // whose AMQP message_id is the row's idempotency key, with publisher
-// confirms, and marks them published only after the broker confirmed them.
-// Several relays, in several processes, can share one outbox: each claims
-// its rows first, and an order's rows only once its earlier ones are
-// published or claimed in the same batch, which it publishes in id order on
-// one channel. So the events of one order leave in the order the handler
-// wrote them. A relay that dies between publishing and marking leaves
-// its claim behind; once the lease has passed the rows are published again,
-// under the same message ids, so consumers can drop the copies.
+// confirms. It marks a batch published in a transaction that locks the rows
+// and commits only once the broker has confirmed them, so each row is
+// written once, and nobody sees it published before it is. Several relays,
+// in several processes, can share one outbox: each skips the rows another
+// holds, and takes an order's rows only once its earlier ones are published
+// or taken in the same batch, which it publishes in id order on one
+// channel. So the events of one order leave in the order the handler wrote
+// them. A relay that dies between publishing and committing leaves its rows
+// unpublished and unlocked; they are published again, under the same
+// message ids, so consumers can drop the copies.
 type Relay struct {
 	pool    *pgxpool.Pool
 	cfg     *RelayConfig
@@ -168,9 +173,8 @@ func (r *Relay) Start(ctx context.Context) error {
 	return r.service.Start(ctx, r.run)
 }
 
-// Stop stops the relay after the batch in flight, or when ctx ends. Rows of
-// an unfinished batch keep their claim and are published again after the
-// lease.
+// Stop stops the relay after the batch in flight, or when ctx ends. The rows
+// of an unfinished batch stay unpublished, and are published again.
 func (r *Relay) Stop(ctx context.Context) {
 	if !r.service.Stop(ctx) {
 		r.logger.Error("did not stop within the grace period; left behind")
@@ -218,13 +222,8 @@ func (r *Relay) session(ctx, workCtx context.Context) error {
 	r.connected.Store(true)
 	r.logger.Info("relay connected to broker")
 
-	// Every PollInterval, busy or not: the claims of relays that died are
-	// taken over while a backlog drains too, and the unroutable count stays
-	// current.
-	housekeep := func() error {
-		r.releaseExpired(ctx)
-		return r.countUnroutable(ch)
-	}
+	// Every PollInterval, busy or not, the unroutable count is read again.
+	housekeep := func() error { return r.countUnroutable(ch) }
 	poll := time.NewTicker(r.cfg.PollInterval)
 	defer poll.Stop()
 	claimFailures := 0
@@ -267,18 +266,6 @@ func (r *Relay) session(ctx, workCtx context.Context) error {
 	}
 }
 
-// releaseExpired takes over the claims of relays that died.
-func (r *Relay) releaseExpired(ctx context.Context) {
-	n, err := r.queries.OutboxReleaseExpired(ctx, r.pool, r.cfg.Lease.Seconds())
-	if err != nil {
-		r.logger.Error("release expired outbox claims", slog.String("error", err.Error()))
-		return
-	}
-	if n > 0 {
-		r.logger.Warn("took over outbox rows whose relay died; publishing them again under the same ids", slog.Int64("rows", n))
-	}
-}
-
 // claimError is a claim of outbox rows that failed: the database's trouble,
 // not the channel's, so the session backs off and claims again.
 type claimError struct{ err error }
@@ -286,11 +273,20 @@ type claimError struct{ err error }
 func (e claimError) Error() string { return "claim outbox rows: " + e.err.Error() }
 func (e claimError) Unwrap() error { return e.err }
 
-// publishBatch claims rows, publishes them and records the outcome. It
-// returns a claimError when the claim failed, and any other error only when
-// the channel can no longer be used.
+// publishBatch claims rows, publishes them and records the outcome, in one
+// transaction. It returns a claimError when the claim failed, and any other
+// error only when the channel can no longer be used.
 func (r *Relay) publishBatch(ctx, workCtx context.Context, ch *amqp.Channel, returns <-chan amqp.Return) (int, error) {
-	rows, err := r.queries.OutboxClaimBatch(ctx, r.pool, int32(r.cfg.BatchSize))
+	// Begun on workCtx: a shutdown during the publish still records what
+	// the broker confirmed, within the grace period.
+	tx, err := r.pool.Begin(workCtx)
+	if err != nil {
+		return 0, claimError{err}
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(workCtx)) }()
+	rows, err := r.queries.OutboxClaimBatch(ctx, tx, dbsqlc.OutboxClaimBatchParams{
+		LeaseMs: r.cfg.Lease.Milliseconds(), MaxRows: int32(r.cfg.BatchSize),
+	})
 	if err != nil {
 		return 0, claimError{err}
 	}
@@ -398,24 +394,28 @@ func (r *Relay) publishBatch(ctx, workCtx context.Context, ch *amqp.Channel, ret
 	}
 
 	// Record the outcome even while stopping: the broker has the messages.
+	// The claim marked every row published; the rows that were not are
+	// given back before the commit. Should the commit fail, every row of
+	// the batch is published again, under the same ids.
 	recordCtx, cancelRecord := context.WithTimeout(workCtx, 10*time.Second)
 	defer cancelRecord()
-	if len(published) > 0 {
-		if err := r.queries.OutboxMarkPublished(recordCtx, r.pool, published); err != nil {
-			// The rows stay claimed and are published again, under the same
-			// ids, once the lease has passed.
-			r.logger.Error("mark outbox rows published", slog.String("error", err.Error()), slog.Int("rows", len(published)))
-		} else if r.cfg.OnPublished != nil {
-			r.cfg.OnPublished(len(published))
-		}
-	}
+	var recordErr error
 	if len(failed) > 0 {
 		delay := retry.Backoff(attempts, r.cfg.RetryBase, r.cfg.RetryMax)
-		if err := r.queries.OutboxRelease(recordCtx, r.pool, dbsqlc.OutboxReleaseParams{
+		recordErr = r.queries.OutboxRelease(recordCtx, tx, dbsqlc.OutboxReleaseParams{
 			Ids: failed, LastError: reason, RetryDelayMs: delay.Milliseconds(),
-		}); err != nil {
-			r.logger.Error("release outbox rows", slog.String("error", err.Error()))
-		}
+		})
+	}
+	if recordErr == nil {
+		recordErr = tx.Commit(recordCtx)
+	}
+	switch {
+	case recordErr != nil:
+		r.logger.Error("record published outbox rows; they will be published again", slog.String("error", recordErr.Error()), slog.Int("rows", len(rows)))
+	case len(published) > 0 && r.cfg.OnPublished != nil:
+		r.cfg.OnPublished(len(published))
+	}
+	if len(failed) > 0 {
 		r.logger.WarnContext(ctx, "outbox rows not published", slog.Int("rows", len(failed)), slog.String("error", reason))
 		tracing.Fail(span, errors.New(reason))
 		if publishErr != nil || ch.IsClosed() {

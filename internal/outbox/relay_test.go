@@ -134,19 +134,50 @@ func TestRelay(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
 		keys := b.insertRows(t, 50)
-		// A relay claimed the rows (and perhaps published them) and died
-		// before marking them published.
-		claimed, err := dbsqlc.New().OutboxClaimBatch(t.Context(), b.db.Pool, 1000)
+		// A relay claimed the rows, marking them published in its open
+		// transaction, and is publishing them: they stay locked, and no
+		// other relay takes them.
+		dead, err := b.db.Pool.Acquire(t.Context())
+		require.NoError(t, err)
+		tx, err := dead.Begin(t.Context())
+		require.NoError(t, err)
+		claimed, err := dbsqlc.New().OutboxClaimBatch(t.Context(), tx, dbsqlc.OutboxClaimBatchParams{LeaseMs: 30_000, MaxRows: 1000})
 		require.NoError(t, err)
 		require.Len(t, claimed, 50)
+		require.Equal(t, 50, b.unpublished(t), "others see the rows unpublished until the claim commits")
 
-		b.startRelay(t, outbox.RelayConfig{Lease: time.Second})
+		b.startRelay(t, outbox.RelayConfig{})
+		select {
+		case d := <-b.received:
+			t.Fatalf("%s published while another relay holds it", d.MessageId)
+		case <-time.After(time.Second):
+		}
+
+		// Then it dies: its connection ends without a commit.
+		require.NoError(t, dead.Conn().Close(t.Context()))
+		dead.Release()
 		seen := b.receive(t, keys)
 		require.Len(t, seen, 50)
 		require.Eventually(t, func() bool { return b.unpublished(t) == 0 }, 10*time.Second, 20*time.Millisecond)
-		var attempts int
-		require.NoError(t, b.db.Pool.QueryRow(t.Context(), "SELECT min(attempts) FROM outbox").Scan(&attempts))
-		require.Equal(t, 2, attempts, "taken over after the lease")
+		require.Equal(t, 1, b.db.Int(t, "SELECT max(attempts) FROM outbox"), "the dead relay's claim was rolled back with it")
+	})
+
+	t.Run("RepublishesAnEarlierReleasesClaimAfterTheLease", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		keys := b.insertRows(t, 50)
+		// A relay of an earlier release claimed the rows in a transaction
+		// of their own, and died before marking them published.
+		_, err := b.db.Pool.Exec(t.Context(), "UPDATE outbox SET claimed_at = now(), attempts = attempts + 1")
+		require.NoError(t, err)
+
+		start := time.Now()
+		b.startRelay(t, outbox.RelayConfig{Lease: time.Second})
+		seen := b.receive(t, keys)
+		require.Len(t, seen, 50)
+		require.GreaterOrEqual(t, time.Since(start), 900*time.Millisecond, "published before the lease passed")
+		require.Eventually(t, func() bool { return b.unpublished(t) == 0 }, 10*time.Second, 20*time.Millisecond)
+		require.Equal(t, 2, b.db.Int(t, "SELECT min(attempts) FROM outbox"), "taken over after the lease")
 	})
 
 	t.Run("SurvivesItsConnectionClosed", func(t *testing.T) {
