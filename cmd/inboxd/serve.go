@@ -97,8 +97,9 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger, tp *tracing.Pr
 	}
 	defer closePool(relayPool)
 
-	// Scrapes read the database through the relay's pool: it is small, busy
-	// only in bursts, and not on the path of ingest or the workers.
+	// Scrapes read the database through the relay's pool: it is not on the
+	// path of ingest or the workers, and the relay holds only one of its
+	// connections, for the transaction of the batch it is publishing.
 	build, process := buildName(), inbox.DefaultProcessName()
 	// Only the process holding the gauge lock exports the gauges read from
 	// the database, so that they add up across replicas.
