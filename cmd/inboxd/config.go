@@ -124,10 +124,10 @@ func (c *config) settings() []setting {
 		{name: "INBOX_RETRY_MAX", def: durationString(retry.MaxDefault), doc: "longest delay between retries", apply: durationVar(&c.retryMax, time.Millisecond)},
 		{name: "INBOX_CLAIM_LEASE", def: durationString(inbox.ClaimLeaseDefault), doc: "how long other workers leave a claimed message alone; after a crash its messages run again once it has passed", apply: durationVar(&c.claimLease, 10*time.Millisecond)},
 		{name: "INBOX_RELAY_BATCH_SIZE", def: strconv.Itoa(outbox.BatchSizeDefault), doc: "most outbox rows published at once", apply: intVar(&c.relayBatchSize, 1, 10000)},
-		{name: "INBOX_RELAY_LEASE", def: durationString(outbox.LeaseDefault), doc: "how long a claim on outbox rows left by an earlier build's relay is respected (this build holds rows by a lock that ends with the relay's connection; they are published again, under the same ids, at once)", apply: durationVar(&c.relayLease, time.Second)},
+		{name: "INBOX_RELAY_LEASE", def: durationString(outbox.LeaseDefault), doc: "how long a claim on outbox rows left by an earlier build's relay is respected (this build holds rows by a lock that ends with the relay's connection, or with `INBOX_IDLE_IN_TX_TIMEOUT` if the relay hangs; they are then published again, under the same ids)", apply: durationVar(&c.relayLease, time.Second)},
 		{name: "INBOX_STATEMENT_TIMEOUT", def: "30s", doc: "PostgreSQL statement_timeout of every connection", apply: durationVar(&c.statementTimeout, time.Millisecond)},
 		{name: "INBOX_LOCK_TIMEOUT", def: "5s", doc: "PostgreSQL lock_timeout of every connection: no lock wait lasts longer; a message whose handling runs into it waits and is tried again without losing an attempt", apply: durationVar(&c.lockTimeout, time.Millisecond)},
-		{name: "INBOX_IDLE_IN_TX_TIMEOUT", def: "60s", doc: "PostgreSQL idle_in_transaction_session_timeout of every connection", apply: durationVar(&c.idleInTxTimeout, time.Millisecond)},
+		{name: "INBOX_IDLE_IN_TX_TIMEOUT", def: "60s", doc: "PostgreSQL idle_in_transaction_session_timeout of every connection; at least 15s, as the relay waits for the broker's confirms in its transaction", apply: durationVar(&c.idleInTxTimeout, time.Millisecond)},
 		{name: "INBOX_DB_CONNECT_TIMEOUT", def: "5s", doc: "bound on opening one PostgreSQL connection", apply: durationVar(&c.dbConnectTimeout, time.Millisecond)},
 		{name: "INBOX_RETENTION", def: durationString(janitor.RetentionDefault), doc: "how long processed messages, their attempt history, published outbox rows and conflict records are kept", apply: durationVar(&c.retention, time.Second)},
 		{name: "INBOX_DEAD_RETENTION", def: durationString(janitor.DeadRetentionDefault), doc: "how long dead messages are kept unless replayed; at least INBOX_RETENTION", apply: durationVar(&c.deadRetention, time.Second)},
@@ -208,6 +208,11 @@ func loadConfig(getenv func(string) string, command string) (*config, error) {
 	}
 	if c.deadRetention < c.retention {
 		return nil, fmt.Errorf("INBOX_DEAD_RETENTION is invalid: %s is shorter than INBOX_RETENTION (%s)", c.deadRetention, c.retention)
+	}
+	// The relay's transaction is idle while it waits for the broker's
+	// confirms of a batch; ending it there would publish the batch again.
+	if minIdle := outbox.ConfirmTimeoutDefault + 5*time.Second; c.idleInTxTimeout < minIdle {
+		return nil, fmt.Errorf("INBOX_IDLE_IN_TX_TIMEOUT is invalid: %s is shorter than %s, the relay's wait for the broker's confirms of a batch (%s) and a margin, inside its transaction", c.idleInTxTimeout, minIdle, outbox.ConfirmTimeoutDefault)
 	}
 	c.dbConfig.ConnConfig.ConnectTimeout = c.dbConnectTimeout
 	rp := c.dbConfig.ConnConfig.RuntimeParams

@@ -361,6 +361,7 @@ func TestMain_ConfigurationErrors(t *testing.T) {
 		"BadDeriveMessageIDs":         {map[string]string{"INBOX_DERIVE_MISSING_MESSAGE_ID": "yes please"}, "INBOX_DERIVE_MISSING_MESSAGE_ID is invalid"},
 		"RetentionBelowDedupe":        {map[string]string{"INBOX_RETENTION": "24h"}, "INBOX_RETENTION is invalid: 24h0m0s is shorter than INBOX_DEDUPE_WINDOW (84h0m0s)"},
 		"DeadRetentionBelowRetention": {map[string]string{"INBOX_DEAD_RETENTION": "100h"}, "INBOX_DEAD_RETENTION is invalid"},
+		"IdleInTxBelowConfirmWait":    {map[string]string{"INBOX_IDLE_IN_TX_TIMEOUT": "5s"}, "INBOX_IDLE_IN_TX_TIMEOUT is invalid: 5s is shorter than 15s"},
 		"BadOTLPProtocol":             {map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:4318", "OTEL_EXPORTER_OTLP_PROTOCOL": "http/json"}, `OTEL_EXPORTER_OTLP_PROTOCOL is invalid: "http/json"`},
 		"BadSDKDisabled":              {map[string]string{"OTEL_SDK_DISABLED": "sometimes"}, "OTEL_SDK_DISABLED is invalid"},
 		"BadTracesExporter":           {map[string]string{"OTEL_TRACES_EXPORTER": "zipkin"}, "OTEL_TRACES_EXPORTER is invalid"},

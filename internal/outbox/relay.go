@@ -266,8 +266,9 @@ func (r *Relay) session(ctx, workCtx context.Context) error {
 	}
 }
 
-// claimError is a claim of outbox rows that failed: the database's trouble,
-// not the channel's, so the session backs off and claims again.
+// claimError is a claim of outbox rows, or the commit of their outcome, that
+// failed: the database's trouble, not the channel's, so the session backs
+// off and claims again.
 type claimError struct{ err error }
 
 func (e claimError) Error() string { return "claim outbox rows: " + e.err.Error() }
@@ -409,10 +410,13 @@ func (r *Relay) publishBatch(ctx, workCtx context.Context, ch *amqp.Channel, ret
 	if recordErr == nil {
 		recordErr = tx.Commit(recordCtx)
 	}
-	switch {
-	case recordErr != nil:
-		r.logger.Error("record published outbox rows; they will be published again", slog.String("error", recordErr.Error()), slog.Int("rows", len(rows)))
-	case len(published) > 0 && r.cfg.OnPublished != nil:
+	if recordErr != nil {
+		// The rollback undoes the attempts and retry delays too: the
+		// session backs off, as after a failed claim, before the batch is
+		// published again.
+		return len(rows), claimError{fmt.Errorf("record the batch's outcome (its %d rows will be published again, under the same ids): %w", len(rows), recordErr)}
+	}
+	if len(published) > 0 && r.cfg.OnPublished != nil {
 		r.cfg.OnPublished(len(published))
 	}
 	if len(failed) > 0 {

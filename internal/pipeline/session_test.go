@@ -38,7 +38,9 @@ func TestClaimsStayCheapWithoutVacuum(t *testing.T) {
 	// The candidates of OutboxClaimBatch.
 	const claim = `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)
 		SELECT id FROM outbox
-		WHERE published_at IS NULL AND claimed_at IS NULL AND next_attempt_at <= now()
+		WHERE published_at IS NULL
+		  AND (claimed_at IS NULL OR claimed_at < now() - interval '30 seconds')
+		  AND next_attempt_at <= now()
 		ORDER BY id LIMIT 1000 FOR UPDATE SKIP LOCKED`
 	buffers := func() int {
 		var plan []struct {
