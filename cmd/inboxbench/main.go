@@ -40,6 +40,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"runtime"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -103,7 +104,7 @@ var scenarios = []struct {
 
 func run(ctx context.Context, args []string, stdout io.Writer) error {
 	var o options
-	var only, claimRows string
+	var only, claimRows, cpuProfile string
 	fs := flag.NewFlagSet("inboxbench", flag.ContinueOnError)
 	fs.StringVar(&o.inboxd, "inboxd", "bin/inboxd", "path of the inboxd binary to measure")
 	fs.StringVar(&o.databaseURL, "database-url", cmp.Or(os.Getenv("DATABASE_URL"), "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"), "PostgreSQL URL; a fresh schema is created in this database")
@@ -122,6 +123,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.DurationVar(&o.steadyDuration, "steady-duration", 5*time.Minute, "steady: how long to publish")
 	fs.IntVar(&o.probeClients, "probe-clients", 200, "probes: concurrent clients sending GET /readyz in a loop")
 	fs.IntVar(&o.probeMessages, "probe-messages", 20_000, "probes: the backlog drained, without and with the probes")
+	fs.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the bench process (which runs ingest and the workers of core and split) to this file")
 	fs.StringVar(&claimRows, "claim-rows", "0,1000000,10000000", "claim: processed rows in the inbox at each measurement, ascending")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -135,6 +137,17 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 			return fmt.Errorf("-claim-rows: want ascending counts, got %q", claimRows)
 		}
 		o.claimRows = append(o.claimRows, n)
+	}
+	if cpuProfile != "" {
+		f, err := os.Create(cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer func() { _ = f.Close() }()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
 	}
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
