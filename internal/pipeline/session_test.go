@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -27,6 +28,16 @@ func TestClaimsStayCheapWithoutVacuum(t *testing.T) {
 	require.NoError(t, err)
 	_, err = db.Pool.Exec(ctx, "UPDATE outbox SET published_at = now()")
 	require.NoError(t, err)
+	// A scan marks an index entry dead only once its row version is dead to
+	// every transaction of the database. Other tests share it, and some
+	// hold a transaction open for seconds (a relay waiting for confirms, a
+	// held stock row): wait until none began before the update.
+	updated := db.Int(t, "SELECT xmin::text::bigint FROM outbox LIMIT 1")
+	require.Eventually(t, func() bool {
+		return db.Int(t, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND pid <> pg_backend_pid()
+			  AND backend_xmin::text::bigint <= $1`, updated) == 0
+	}, time.Minute, 50*time.Millisecond, "a transaction older than the update is still open")
 
 	cc, err := pgx.ParseConfig(db.URL)
 	require.NoError(t, err)
