@@ -164,12 +164,80 @@ func TestOversizedBodiesStayWithinTheBudget(t *testing.T) {
 	}
 }
 
+// killedReplica is a replica killed while it held claims: the orders
+// published, the messages it held claims on, and when it was killed.
+type killedReplica struct {
+	w       *loadgen.Workload
+	claimed []string
+	killed  time.Time
+}
+
+// killReplicaHoldingClaims publishes orders over 1,000 SKUs (as a real
+// backlog has: the takeover's batches then seldom wait for the stock rows
+// the backlog's batches hold), starts two replicas with env, and kills the
+// first, the queue's active consumer, with SIGKILL once it holds claims on
+// at least minClaims messages, each under its liveness key.
+func killReplicaHoldingClaims(t *testing.T, b *e2eBundle, env []string, orders int, seed uint64, minClaims int) killedReplica {
+	t.Helper()
+	const skus = 1000
+	for i := range skus {
+		_, err := b.db.Pool.Exec(t.Context(), "INSERT INTO stock (sku, available) VALUES ($1, $2) ON CONFLICT DO NOTHING", loadgen.SKUName(i), initialStock)
+		require.NoError(t, err)
+	}
+	w := loadgen.Generate(loadgen.Spec{Orders: orders, Seed: seed, SKUs: skus})
+	require.NoError(t, loadgen.Publish(t.Context(), b.broker.URL, w.Messages, 500))
+
+	a := startProcess(t, env)
+	require.Eventually(t, func() bool { return b.count(t, "SELECT count(*) FROM inbox") > 0 }, time.Minute, 5*time.Millisecond)
+	startProcess(t, env)
+	claimedByA := fmt.Sprintf("claimed_by LIKE '%%/%d'", a.cmd.Process.Pid)
+	require.Eventually(t, func() bool {
+		return b.count(t, "SELECT count(*) FROM inbox WHERE status = 'pending' AND claimed_session IS NOT NULL AND "+claimedByA) >= minClaims
+	}, time.Minute, 5*time.Millisecond)
+	a.kill()
+	k := killedReplica{w: w, killed: time.Now()}
+	k.claimed = b.db.Strings(t, "SELECT message_id FROM inbox WHERE status = 'pending' AND "+claimedByA)
+	require.NotEmpty(t, k.claimed)
+	return k
+}
+
+// waitHandled waits up to timeout for every claimed message to be
+// processed, and returns when the last claim was taken over (a takeover
+// records the lost attempt as abandoned when it claims the message) and
+// when the last message was processed.
+func (k killedReplica) waitHandled(t *testing.T, b *e2eBundle, timeout time.Duration, msg string) (takenOver, handled time.Time) {
+	t.Helper()
+	const open = "SELECT count(*) FROM inbox WHERE message_id = ANY($1) AND status <> 'processed'"
+	require.Eventually(t, func() bool { return b.count(t, open, k.claimed) == 0 }, timeout, 20*time.Millisecond, msg)
+	require.NoError(t, b.db.Pool.QueryRow(t.Context(),
+		"SELECT max(finished_at) FROM inbox_attempts WHERE outcome = 'abandoned' AND message_id = ANY($1)", k.claimed).Scan(&takenOver))
+	require.NoError(t, b.db.Pool.QueryRow(t.Context(),
+		"SELECT max(processed_at) FROM inbox WHERE message_id = ANY($1)", k.claimed).Scan(&handled))
+	return takenOver, handled
+}
+
+// A replica killed with SIGKILL ends its database sessions, and with them
+// the liveness lock its claims name: the survivor takes them over at once,
+// long before the claim lease (a minute here) has passed.
+func TestADeadReplicasClaimsAreTakenOverBeforeTheLease(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const lease, poll = time.Minute, 200 * time.Millisecond
+	env := serviceEnv(b.db, b.broker, "INBOX_CLAIM_LEASE="+lease.String(), "INBOX_POLL_INTERVAL="+poll.String())
+	k := killReplicaHoldingClaims(t, b, env, 5000, 17, 100)
+	takenOver, _ := k.waitHandled(t, b, lease/2, "the dead replica's claims wait for the lease")
+	t.Logf("%d claims of the killed replica taken over %s after the kill (lease %s, poll %s)",
+		len(k.claimed), takenOver.Sub(k.killed).Round(time.Millisecond), lease, poll)
+	b.waitDrained(t, k.w.UniqueMessageIDs, 2*time.Minute)
+	b.requireExactlyOnce(t, k.w)
+}
+
 // Acceptance: of two replicas, one is killed with SIGKILL while a backlog
-// drains. The other takes its claimed messages over once their lease has
-// run out, a batch at a time, beside the backlog: within the lease and a poll
-// interval (and a margin for this machine), not after the backlog.
-// TAKEOVER_TEST_BACKLOG sets the backlog (20,000 by default; the README's
-// figure is of 50,000).
+// drains. The other takes its claimed messages over as soon as its
+// database sessions have ended, a batch at a time, beside the backlog:
+// within the lease and a poll interval (and a margin for this machine),
+// not after the backlog. TAKEOVER_TEST_BACKLOG sets the backlog (20,000 by
+// default; the README's figure is of 50,000).
 func TestAKilledReplicasClaimsAreTakenOverDuringABacklog(t *testing.T) {
 	if raceEnabled {
 		// The pace of a race-built replica says nothing of the takeover's;
@@ -187,47 +255,17 @@ func TestAKilledReplicasClaimsAreTakenOverDuringABacklog(t *testing.T) {
 	b := setup(t)
 	const lease, poll = time.Second, 200 * time.Millisecond
 	env := serviceEnv(b.db, b.broker, "INBOX_CLAIM_LEASE="+lease.String(), "INBOX_POLL_INTERVAL="+poll.String())
-	// Orders over many SKUs, as a real backlog has: the takeover's batches
-	// then seldom wait for the stock rows the backlog's batches hold.
-	const skus = 1000
-	for i := range skus {
-		_, err := b.db.Pool.Exec(t.Context(), "INSERT INTO stock (sku, available) VALUES ($1, $2) ON CONFLICT DO NOTHING", loadgen.SKUName(i), initialStock)
-		require.NoError(t, err)
-	}
-	w := loadgen.Generate(loadgen.Spec{Orders: backlog, Seed: 13, SKUs: skus})
-	require.NoError(t, loadgen.Publish(t.Context(), b.broker.URL, w.Messages, 500))
-
-	// Two replicas; A, started first, is the queue's active consumer.
-	a := startProcess(t, env)
-	require.Eventually(t, func() bool { return b.count(t, "SELECT count(*) FROM inbox") > 0 }, time.Minute, 5*time.Millisecond)
-	startProcess(t, env)
-	claimedByA := fmt.Sprintf("claimed_by LIKE '%%/%d'", a.cmd.Process.Pid)
-	require.Eventually(t, func() bool {
-		return b.count(t, "SELECT count(*) FROM inbox WHERE status = 'pending' AND "+claimedByA) >= 1000
-	}, time.Minute, 5*time.Millisecond)
-	a.kill()
-	killed := time.Now()
-	claimed := b.db.Strings(t, "SELECT message_id FROM inbox WHERE status = 'pending' AND "+claimedByA)
-	require.NotEmpty(t, claimed)
-	const open = "SELECT count(*) FROM inbox WHERE message_id = ANY($1) AND status <> 'processed'"
-	require.Eventually(t, func() bool { return b.count(t, open, claimed) == 0 }, 2*time.Minute, 20*time.Millisecond)
-	var last time.Time
-	require.NoError(t, b.db.Pool.QueryRow(t.Context(),
-		"SELECT max(processed_at) FROM inbox WHERE message_id = ANY($1)", claimed).Scan(&last))
-	// A takeover records the lost attempt as abandoned when it claims the
-	// message: the last of those is when the last claim was taken over.
-	var takenOver time.Time
-	require.NoError(t, b.db.Pool.QueryRow(t.Context(),
-		"SELECT max(finished_at) FROM inbox_attempts WHERE outcome = 'abandoned' AND message_id = ANY($1)", claimed).Scan(&takenOver))
+	k := killReplicaHoldingClaims(t, b, env, backlog, 13, 1000)
+	takenOver, last := k.waitHandled(t, b, 2*time.Minute, "")
 	after := b.count(t, "SELECT count(*) FROM inbox WHERE processed_at > $1 OR status = 'pending'", last)
-	took := last.Sub(killed)
+	took := last.Sub(k.killed)
 	t.Logf("%d claims of the killed replica taken over %s and handled %s after the kill (lease %s, poll %s), with %d of the backlog of %d still to handle",
-		len(claimed), takenOver.Sub(killed).Round(time.Millisecond), took.Round(time.Millisecond), lease, poll, after, backlog)
+		len(k.claimed), takenOver.Sub(k.killed).Round(time.Millisecond), took.Round(time.Millisecond), lease, poll, after, backlog)
 	// The margin is for a machine shared with the other tests; taken over
 	// one at a time, the same claims took 22-38 s.
 	require.Less(t, took, lease+poll+10*time.Second, "taken over at the pace of batches")
 	require.Positive(t, after, "taken over before the backlog was drained")
 
-	b.waitDrained(t, w.UniqueMessageIDs, 2*time.Minute)
-	b.requireExactlyOnce(t, w)
+	b.waitDrained(t, k.w.UniqueMessageIDs, 2*time.Minute)
+	b.requireExactlyOnce(t, k.w)
 }

@@ -15,7 +15,8 @@ UPDATE inbox
 SET attempts = inbox.attempts + 1,
     claimed_at = now(),
     claimed_by = $1::text,
-    claimed_build = $2::text
+    claimed_build = $2::text,
+    claimed_session = nullif($3::bigint, 0)
 WHERE inbox.id IN (
     SELECT i.id
     FROM inbox i
@@ -29,7 +30,7 @@ WHERE inbox.id IN (
             AND e.status <> 'processed'
       ))
     ORDER BY i.id
-    LIMIT $3
+    LIMIT $4
     FOR UPDATE SKIP LOCKED
 )
 RETURNING inbox.id, inbox.claimed_at::timestamptz AS claimed_at
@@ -38,6 +39,7 @@ RETURNING inbox.id, inbox.claimed_at::timestamptz AS claimed_at
 type InboxClaimBatchParams struct {
 	Process string
 	Build   string
+	Session int64
 	MaxRows int32
 }
 
@@ -56,8 +58,16 @@ type InboxClaimBatchRow struct {
 // still open (pending, claimed, waiting for a retry, or dead): the messages
 // of one order are handled one at a time, in arrival order, while different
 // orders proceed in parallel.
+//
+// session is the key of the liveness lock the claiming process holds (see
+// InboxHoldLiveness), or 0 when it holds none.
 func (q *Queries) InboxClaimBatch(ctx context.Context, db DBTX, arg InboxClaimBatchParams) ([]InboxClaimBatchRow, error) {
-	rows, err := db.Query(ctx, inboxClaimBatch, arg.Process, arg.Build, arg.MaxRows)
+	rows, err := db.Query(ctx, inboxClaimBatch,
+		arg.Process,
+		arg.Build,
+		arg.Session,
+		arg.MaxRows,
+	)
 	if err != nil {
 		return nil, err
 	}
@@ -77,12 +87,20 @@ func (q *Queries) InboxClaimBatch(ctx context.Context, db DBTX, arg InboxClaimBa
 }
 
 const inboxClaimUnfinished = `-- name: InboxClaimUnfinished :many
-WITH target AS (
+WITH live AS (
+    -- The keys of the advisory locks sessions hold (pg_advisory_lock(bigint)).
+    SELECT (l.classid::bigint << 32) | l.objid::bigint AS session
+    FROM pg_catalog.pg_locks l
+    WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+), target AS (
     SELECT i.id, i.message_id, i.attempts, i.replay_count, i.claimed_at, i.claimed_by, i.claimed_build
     FROM inbox i
     WHERE i.status = 'pending'
       AND i.next_attempt_at <= now()
-      AND i.claimed_at < now() - make_interval(secs => $1::float8)
+      AND i.claimed_at IS NOT NULL
+      AND (i.claimed_at < now() - make_interval(secs => $1::float8)
+           -- (NOT IN an empty set is true even for NULL.)
+           OR (i.claimed_session IS NOT NULL AND i.claimed_session NOT IN (SELECT session FROM live)))
       AND (NOT $2::boolean OR NOT EXISTS (
           SELECT 1 FROM inbox_attempts a
           WHERE a.inbox_id = i.id AND a.run = i.replay_count AND a.outcome = 'abandoned'
@@ -101,7 +119,8 @@ WITH target AS (
     SET attempts = inbox.attempts + 1,
         claimed_at = now(),
         claimed_by = $4::text,
-        claimed_build = $5::text
+        claimed_build = $5::text,
+        claimed_session = nullif($6::bigint, 0)
     FROM target
     WHERE inbox.id = target.id
     RETURNING inbox.id, inbox.claimed_at
@@ -122,6 +141,7 @@ type InboxClaimUnfinishedParams struct {
 	MaxRows       int32
 	Process       string
 	Build         string
+	Session       int64
 }
 
 type InboxClaimUnfinishedRow struct {
@@ -132,10 +152,12 @@ type InboxClaimUnfinishedRow struct {
 // InboxClaimUnfinished claims up to max_rows of the oldest messages whose
 // last claim never recorded an outcome (the process died, or lost its
 // transaction, while handling them), counts an attempt for each, and writes
-// the lost attempt to inbox_attempts as abandoned. A claim younger than
-// lease_seconds is left alone, as its worker may be about to lock the row;
-// a row that a worker has locked is skipped. As in InboxClaimBatch, a
-// message waits while an earlier message of its order is open.
+// the lost attempt to inbox_attempts as abandoned. A claim is taken over
+// once no session holds its process's liveness lock (the process died), or,
+// for a claim without one, once it is older than lease_seconds: until then
+// its worker may be about to lock the row. A row that a worker has locked is
+// skipped. As in InboxClaimBatch, a message waits while an earlier message
+// of its order is open.
 //
 // With first_loss_only, it claims only messages that lost no claim before
 // in their run (no abandoned attempt since the last replay). Most lost
@@ -150,6 +172,7 @@ func (q *Queries) InboxClaimUnfinished(ctx context.Context, db DBTX, arg InboxCl
 		arg.MaxRows,
 		arg.Process,
 		arg.Build,
+		arg.Session,
 	)
 	if err != nil {
 		return nil, err
@@ -183,6 +206,7 @@ WITH u AS (
         claimed_at       = NULL,
         claimed_by       = NULL,
         claimed_build    = NULL,
+        claimed_session  = NULL,
         -- A replay that has to wait is still a replay when it runs.
         replay_requested = u.status = 'waiting' AND inbox.replay_requested,
         result          = nullif(u.result, ''),
@@ -252,7 +276,12 @@ SELECT EXISTS (
     SELECT 1 FROM inbox
     WHERE status = 'pending'
       AND next_attempt_at <= now()
-      AND claimed_at < now() - make_interval(secs => $1::float8)
+      AND claimed_at IS NOT NULL
+      AND (claimed_at < now() - make_interval(secs => $1::float8)
+           OR (claimed_session IS NOT NULL
+               AND claimed_session NOT IN (SELECT (l.classid::bigint << 32) | l.objid::bigint
+                                           FROM pg_catalog.pg_locks l
+                                           WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted)))
 )::boolean AS has_unfinished
 `
 
@@ -264,6 +293,20 @@ func (q *Queries) InboxHasUnfinished(ctx context.Context, db DBTX, leaseSeconds 
 	var has_unfinished bool
 	err := row.Scan(&has_unfinished)
 	return has_unfinished, err
+}
+
+const inboxHoldLiveness = `-- name: InboxHoldLiveness :exec
+SELECT pg_advisory_lock($1::bigint)
+`
+
+// InboxHoldLiveness takes, for the calling session, the advisory lock that
+// says the process whose claims carry this session key is alive. The
+// worker holds it on a connection of its own; PostgreSQL drops it when
+// that session ends, and with it the process's claims (see
+// InboxClaimUnfinished).
+func (q *Queries) InboxHoldLiveness(ctx context.Context, db DBTX, session int64) error {
+	_, err := db.Exec(ctx, inboxHoldLiveness, session)
+	return err
 }
 
 const inboxInsertMany = `-- name: InboxInsertMany :many

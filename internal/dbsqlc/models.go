@@ -34,6 +34,7 @@ type Inbox struct {
 	ClaimedBuild    pgtype.Text
 	Traceparent     pgtype.Text
 	Tracestate      pgtype.Text
+	ClaimedSession  pgtype.Int8
 }
 
 type InboxAttempt struct {

@@ -73,8 +73,10 @@ type WorkerConfig struct {
 	// committed. It must not block.
 	Observe func(BatchStats)
 	// ClaimLease is how long a claim that has not locked its row yet is left
-	// alone. After a crash, the crashed process's claims are taken over once
-	// it has passed. Defaults to 5 seconds.
+	// alone when its process's liveness is unknown (a claim of an earlier
+	// build, or taken while the process's liveness session was down). The
+	// claims of a process whose liveness session ended (it died) are taken
+	// over at once. Defaults to 5 seconds.
 	ClaimLease time.Duration
 	// Process names this process in inbox.claimed_by and the attempt
 	// history. Defaults to DefaultProcessName().
@@ -157,6 +159,7 @@ type Worker struct {
 	// ended is claimed and handled, and for reading by every other batch.
 	exclusive sync.RWMutex
 
+	live    *liveness
 	service startstop.Service
 }
 
@@ -173,6 +176,7 @@ func NewWorker(pool *pgxpool.Pool, cfg *WorkerConfig) (*Worker, error) {
 		logger:  c.Logger.With(slog.String("component", "inbox.worker")),
 		queries: dbsqlc.New(),
 		wake:    make(chan struct{}, 1),
+		live:    newLiveness(),
 	}, nil
 }
 
@@ -189,6 +193,12 @@ func (w *Worker) Notify() {
 // whole run; Stop ends it gracefully.
 func (w *Worker) Start(ctx context.Context) error {
 	return w.service.Start(ctx, func(fetchCtx, workCtx context.Context) {
+		// Held until the last batch has ended, so that no claim of this
+		// process is taken over while it is still handled here.
+		liveCtx, endLiveness := context.WithCancel(workCtx)
+		var live sync.WaitGroup
+		live.Go(func() { w.live.hold(liveCtx, w.pool.Config().ConnConfig, w.cfg.PollInterval, w.logger) })
+		defer func() { endLiveness(); live.Wait() }()
 		var wg sync.WaitGroup
 		for i := range w.cfg.Concurrency {
 			wg.Go(func() { w.loop(fetchCtx, workCtx, i) })
@@ -278,6 +288,7 @@ func (w *Worker) runBatch(ctx context.Context) (int, error) {
 		Process: w.cfg.Process,
 		Build:   w.cfg.Build,
 		MaxRows: int32(w.cfg.BatchSize),
+		Session: w.live.session(),
 	})
 	if err != nil {
 		return 0, fmt.Errorf("claim inbox batch: %w", err)
@@ -329,6 +340,7 @@ func (w *Worker) takeOver(ctx context.Context, firstLossOnly bool, max int) (int
 		MaxRows:       int32(max),
 		Process:       w.cfg.Process,
 		Build:         w.cfg.Build,
+		Session:       w.live.session(),
 	})
 	if err != nil {
 		return 0, fmt.Errorf("claim unfinished messages: %w", err)

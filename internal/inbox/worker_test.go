@@ -492,6 +492,36 @@ func TestWorkerFailureIsBounded(t *testing.T) {
 		require.NoError(t, err)
 		require.Zero(t, n)
 	})
+
+	t.Run("AClaimIsTakenOverOnceItsProcessIsDeadBeforeItsLease", func(t *testing.T) {
+		t.Parallel()
+		b := setupWorker(t)
+		insertMessages(t, b.db.Pool, 1)
+		// Another process holds its liveness lock on a session of its own,
+		// and claims the message under that key.
+		const key = 4_000_000_000_123
+		live, err := b.db.Pool.Acquire(t.Context())
+		require.NoError(t, err)
+		q := dbsqlc.New()
+		require.NoError(t, q.InboxHoldLiveness(t.Context(), live, key))
+		_, err = q.InboxClaimBatch(t.Context(), b.db.Pool, dbsqlc.InboxClaimBatchParams{Process: "p", Build: "b", MaxRows: 1, Session: key})
+		require.NoError(t, err)
+		w := b.newWorker(t, b.db.Pool, inbox.WorkerConfig{ClaimLease: time.Hour})
+		n, err := w.RunOnce(t.Context())
+		require.NoError(t, err)
+		require.Zero(t, n, "left alone while its process is alive")
+
+		// The process dies: its session ends, and the lock with it.
+		require.NoError(t, live.Conn().Close(t.Context()))
+		live.Release()
+		n, err = w.RunOnce(t.Context())
+		require.NoError(t, err)
+		require.Equal(t, 1, n, "taken over at once, an hour before the lease")
+		require.Equal(t, inbox.StatusProcessed, readRow(t, b.db.Pool, "m-0").Status)
+		history := b.db.Strings(t, attemptHistorySQL, "m-0")
+		require.Len(t, history, 2)
+		require.Equal(t, "1 abandoned p b", history[0])
+	})
 }
 
 func TestWorkerHandlerTimeout(t *testing.T) {

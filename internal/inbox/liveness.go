@@ -1,0 +1,78 @@
+package inbox
+
+import (
+	"context"
+	"log/slog"
+	"math/rand/v2"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/orderconfirm/inboxd/internal/dbsqlc"
+	"github.com/orderconfirm/inboxd/internal/retry"
+)
+
+// liveness tells other processes that this one is alive, through the
+// database: while it runs, a session of its own holds an advisory lock whose
+// key its claims carry (inbox.claimed_session). When the process dies,
+// PostgreSQL ends that session and drops the lock, and other workers take
+// the claims over at once, instead of waiting for the claim lease: the
+// lease only covers claims whose process's liveness is unknown.
+type liveness struct {
+	key  int64
+	held atomic.Bool
+}
+
+func newLiveness() *liveness {
+	// Random, so that processes (and tests sharing a database) never share
+	// a key; positive, so that it reads back from pg_locks as it was given.
+	return &liveness{key: 1 + rand.Int64N(1<<62)}
+}
+
+// session returns the key claims should carry: 0, for none, while the lock
+// is not held (before the first connection, or between two).
+func (l *liveness) session() int64 {
+	if l.held.Load() {
+		return l.key
+	}
+	return 0
+}
+
+// hold takes the lock on a connection of its own, made from config, and
+// keeps it until ctx ends, connecting again whenever the connection fails.
+// A ping every interval notices a connection that died quietly.
+func (l *liveness) hold(ctx context.Context, config *pgx.ConnConfig, interval time.Duration, logger *slog.Logger) {
+	queries := dbsqlc.New()
+	retry.Reconnect(ctx, retry.ReconnectConfig{
+		Base: 200 * time.Millisecond, Max: 10 * time.Second, ResetAfter: time.Minute,
+		Logger: logger, Message: "liveness session ended, reconnecting; claims wait for the lease meanwhile",
+	}, func(ctx context.Context) error {
+		conn, err := pgx.ConnectConfig(ctx, config.Copy())
+		if err != nil {
+			return err
+		}
+		defer func() {
+			closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+			defer cancel()
+			_ = conn.Close(closeCtx)
+		}()
+		if err := queries.InboxHoldLiveness(ctx, conn, l.key); err != nil {
+			return err
+		}
+		l.held.Store(true)
+		defer l.held.Store(false)
+		tick := time.NewTicker(interval)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return nil
+			case <-tick.C:
+				if err := conn.Ping(ctx); err != nil {
+					return err
+				}
+			}
+		}
+	})
+}
