@@ -10,8 +10,11 @@
 ALTER TABLE inbox ADD COLUMN claimed_session bigint;
 
 -- The service updates the new column with the other claim columns. The
--- grants of migration 00013 stay as they were, under another name, and the
--- function operators run after creating the roles adds this one.
+-- grants of migration 00013 stay as they were, under another name (called
+-- only from here: on its own it would revoke this right), and the function
+-- operators run after creating the roles adds this one. A later migration
+-- that replaces inbox_grant_roles() with a whole body of its own must grant
+-- it too.
 -- (In a DO block: sqlc, which reads these files for its catalog, does not
 -- follow a function's rename.)
 -- +goose StatementBegin
@@ -33,6 +36,8 @@ BEGIN
 END;
 $$;
 -- +goose StatementEnd
+
+COMMENT ON FUNCTION inbox_grant_roles_00013() IS 'the grants of migration 00013; call inbox_grant_roles() instead';
 
 SELECT inbox_grant_roles();
 

@@ -74,10 +74,12 @@ RETURNING inbox.id, inbox.claimed_at::timestamptz AS claimed_at;
 -- message that loses its claim again may be the one that kills its
 -- process, and is taken over alone.
 WITH live AS (
-    -- The keys of the advisory locks sessions hold (pg_advisory_lock(bigint)).
+    -- The keys of the advisory locks this database's sessions hold
+    -- (pg_advisory_lock(bigint)).
     SELECT (l.classid::bigint << 32) | l.objid::bigint AS session
     FROM pg_catalog.pg_locks l
     WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+      AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = current_database())
 ), target AS (
     SELECT i.id, i.message_id, i.attempts, i.replay_count, i.claimed_at, i.claimed_by, i.claimed_build
     FROM inbox i
@@ -124,8 +126,9 @@ SELECT id, claimed_at::timestamptz AS claimed_at FROM claimed;
 -- InboxLockClaimed locks claimed messages for the rest of the calling
 -- transaction and returns them in arrival order, leaving out any that are no
 -- longer pending or no longer hold this claim: a claim is named by its row
--- and its claimed_at, so a worker whose claim was taken over after its lease
--- ran out (it stalled) locks nothing and handles nothing. It waits for locks
+-- and its claimed_at, so a worker whose claim was taken over (its lease ran
+-- out while it stalled, or its liveness session was lost) locks nothing and
+-- handles nothing. It waits for locks
 -- rather than skipping locked rows: a concurrent InboxClaimBatch may hold
 -- one for an instant. Locks are taken in id order, so two workers never
 -- deadlock.
@@ -241,7 +244,9 @@ SELECT EXISTS (
            OR (claimed_session IS NOT NULL
                AND claimed_session NOT IN (SELECT (l.classid::bigint << 32) | l.objid::bigint
                                            FROM pg_catalog.pg_locks l
-                                           WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted)))
+                                           WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+                                             AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
+                                                               WHERE d.datname = current_database()))))
 )::boolean AS has_unfinished;
 
 -- name: InboxHoldLiveness :exec

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 
 	"github.com/orderconfirm/inboxd/internal/dbsqlc"
 	"github.com/orderconfirm/inboxd/internal/retry"
@@ -39,16 +41,30 @@ func (l *liveness) session() int64 {
 	return 0
 }
 
-// hold takes the lock on a connection of its own, made from config, and
-// keeps it until ctx ends, connecting again whenever the connection fails.
-// A ping every interval notices a connection that died quietly.
-func (l *liveness) hold(ctx context.Context, config *pgx.ConnConfig, interval time.Duration, logger *slog.Logger) {
+// livenessPing is how often the liveness session checks its connection,
+// and how long a check may take. Between a check and the next, a connection
+// the server ended (a terminated backend) goes unnoticed: claims taken
+// meanwhile carry a key nobody holds, and are taken over at once, each
+// costing an attempt.
+const livenessPing = time.Second
+
+// hold takes the lock on a connection of its own, made from config (as
+// "<application_name> liveness"), and keeps it until ctx ends, connecting
+// again whenever the connection fails.
+func (l *liveness) hold(ctx context.Context, config *pgx.ConnConfig, logger *slog.Logger) {
 	queries := dbsqlc.New()
+	config = config.Copy()
+	config.RuntimeParams["application_name"] += " liveness"
+	// A context that ends closes the connection (pgx's default) rather
+	// than sending a cancel that an idle session would ignore.
+	config.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.DeadlineContextWatcherHandler{Conn: c.Conn()}
+	}
 	retry.Reconnect(ctx, retry.ReconnectConfig{
 		Base: 200 * time.Millisecond, Max: 10 * time.Second, ResetAfter: time.Minute,
-		Logger: logger, Message: "liveness session ended, reconnecting; claims wait for the lease meanwhile",
+		Logger: logger, Message: "liveness session ended, reconnecting; until then, new claims wait for the lease, and those taken under the lost session are taken over by others",
 	}, func(ctx context.Context) error {
-		conn, err := pgx.ConnectConfig(ctx, config.Copy())
+		conn, err := pgx.ConnectConfig(ctx, config)
 		if err != nil {
 			return err
 		}
@@ -62,14 +78,17 @@ func (l *liveness) hold(ctx context.Context, config *pgx.ConnConfig, interval ti
 		}
 		l.held.Store(true)
 		defer l.held.Store(false)
-		tick := time.NewTicker(interval)
+		tick := time.NewTicker(livenessPing)
 		defer tick.Stop()
 		for {
 			select {
 			case <-ctx.Done():
 				return nil
 			case <-tick.C:
-				if err := conn.Ping(ctx); err != nil {
+				pingCtx, cancel := context.WithTimeout(ctx, livenessPing)
+				err := conn.Ping(pingCtx)
+				cancel()
+				if err != nil && ctx.Err() == nil {
 					return err
 				}
 			}

@@ -197,7 +197,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		// process is taken over while it is still handled here.
 		liveCtx, endLiveness := context.WithCancel(workCtx)
 		var live sync.WaitGroup
-		live.Go(func() { w.live.hold(liveCtx, w.pool.Config().ConnConfig, w.cfg.PollInterval, w.logger) })
+		live.Go(func() { w.live.hold(liveCtx, w.pool.Config().ConnConfig, w.logger) })
 		defer func() { endLiveness(); live.Wait() }()
 		var wg sync.WaitGroup
 		for i := range w.cfg.Concurrency {
@@ -360,7 +360,8 @@ const takeOverSlice = time.Second
 // takeOverLoop takes over the claims of crashed workers on a timer of its
 // own, every PollInterval, however busy the other goroutines are: a backlog
 // draining never delays a crashed process's messages, and the later
-// messages of their orders, past their lease and a tick. Messages that lost
+// messages of their orders, past a tick once the process is known dead (its
+// liveness session ended), or past their lease. Messages that lost
 // their first claim go a batch at a time beside the other work; those that
 // lost one before go one at a time, each alone, with the other work paused
 // once for a run of them (up to takeOverSlice) rather than once each.
