@@ -66,7 +66,13 @@ func TestClaimsStayCheapWithoutVacuum(t *testing.T) {
 		return plan[0].Plan.SharedHit + plan[0].Plan.SharedRead
 	}
 	first := buffers()
-	second := buffers()
-	t.Logf("claim over 20,000 published rows: %d pages, then %d", first, second)
-	require.Less(t, second, 100, "the second claim skips the entries the first marked dead")
+	// Even so, a session of the shared database that the wait above cannot
+	// see can hold the horizon back for a while (it was seen in CI, under
+	// the race detector): the claims are read again until one is cheap.
+	// A claim whose plan does not mark entries dead (a bitmap scan) never
+	// gets there: it reads every page, every time.
+	later := first
+	require.Eventually(t, func() bool { later = buffers(); return later < 100 }, 30*time.Second, 100*time.Millisecond,
+		"the claims after the first skip the entries it marked dead (it read %d pages)", first)
+	t.Logf("claim over 20,000 published rows: %d pages, then %d", first, later)
 }
