@@ -9,6 +9,20 @@
 -- lock) leaves the claim to the lease alone.
 ALTER TABLE inbox ADD COLUMN claimed_session bigint;
 
+-- inbox_live_sessions returns the keys of the session advisory locks
+-- (pg_advisory_lock(bigint)) that this database's sessions hold: the
+-- processes whose claims are alive.
+-- +goose StatementBegin
+CREATE FUNCTION inbox_live_sessions() RETURNS SETOF bigint
+LANGUAGE sql STABLE
+AS $$
+    SELECT (l.classid::bigint << 32) | l.objid::bigint
+    FROM pg_catalog.pg_locks l
+    WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+      AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = current_database())
+$$;
+-- +goose StatementEnd
+
 -- The service updates the new column with the other claim columns. The
 -- grants of migration 00013 stay as they were, under another name (called
 -- only from here: on its own it would revoke this right), and the function
@@ -42,6 +56,7 @@ COMMENT ON FUNCTION inbox_grant_roles_00013() IS 'the grants of migration 00013;
 SELECT inbox_grant_roles();
 
 -- +goose Down
+DROP FUNCTION inbox_live_sessions();
 DROP FUNCTION inbox_grant_roles();
 ALTER FUNCTION inbox_grant_roles_00013() RENAME TO inbox_grant_roles;
 SELECT inbox_grant_roles();

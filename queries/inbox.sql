@@ -73,14 +73,7 @@ RETURNING inbox.id, inbox.claimed_at::timestamptz AS claimed_at;
 -- node, an OOM kill): the worker takes those over a batch at a time. A
 -- message that loses its claim again may be the one that kills its
 -- process, and is taken over alone.
-WITH live AS (
-    -- The keys of the advisory locks this database's sessions hold
-    -- (pg_advisory_lock(bigint)).
-    SELECT (l.classid::bigint << 32) | l.objid::bigint AS session
-    FROM pg_catalog.pg_locks l
-    WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
-      AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = current_database())
-), target AS (
+WITH target AS (
     SELECT i.id, i.message_id, i.attempts, i.replay_count, i.claimed_at, i.claimed_by, i.claimed_build
     FROM inbox i
     WHERE i.status = 'pending'
@@ -88,7 +81,7 @@ WITH live AS (
       AND i.claimed_at IS NOT NULL
       AND (i.claimed_at < now() - make_interval(secs => sqlc.arg(lease_seconds)::float8)
            -- (NOT IN an empty set is true even for NULL.)
-           OR (i.claimed_session IS NOT NULL AND i.claimed_session NOT IN (SELECT session FROM live)))
+           OR (i.claimed_session IS NOT NULL AND i.claimed_session NOT IN (SELECT inbox_live_sessions())))
       AND (NOT sqlc.arg(first_loss_only)::boolean OR NOT EXISTS (
           SELECT 1 FROM inbox_attempts a
           WHERE a.inbox_id = i.id AND a.run = i.replay_count AND a.outcome = 'abandoned'
@@ -241,12 +234,7 @@ SELECT EXISTS (
       AND next_attempt_at <= now()
       AND claimed_at IS NOT NULL
       AND (claimed_at < now() - make_interval(secs => sqlc.arg(lease_seconds)::float8)
-           OR (claimed_session IS NOT NULL
-               AND claimed_session NOT IN (SELECT (l.classid::bigint << 32) | l.objid::bigint
-                                           FROM pg_catalog.pg_locks l
-                                           WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
-                                             AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d
-                                                               WHERE d.datname = current_database()))))
+           OR (claimed_session IS NOT NULL AND claimed_session NOT IN (SELECT inbox_live_sessions())))
 )::boolean AS has_unfinished;
 
 -- name: InboxHoldLiveness :exec

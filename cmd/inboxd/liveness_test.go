@@ -180,10 +180,12 @@ type killedReplica struct {
 func killReplicaHoldingClaims(t *testing.T, b *e2eBundle, env []string, orders int, seed uint64, minClaims int) killedReplica {
 	t.Helper()
 	const skus = 1000
-	for i := range skus {
-		_, err := b.db.Pool.Exec(t.Context(), "INSERT INTO stock (sku, available) VALUES ($1, $2) ON CONFLICT DO NOTHING", loadgen.SKUName(i), initialStock)
-		require.NoError(t, err)
+	names := make([]string, skus)
+	for i := range names {
+		names[i] = loadgen.SKUName(i)
 	}
+	_, err := b.db.Pool.Exec(t.Context(), "INSERT INTO stock (sku, available) SELECT unnest($1::text[]), $2", names, initialStock)
+	require.NoError(t, err)
 	w := loadgen.Generate(loadgen.Spec{Orders: orders, Seed: seed, SKUs: skus})
 	require.NoError(t, loadgen.Publish(t.Context(), b.broker.URL, w.Messages, 500))
 

@@ -500,11 +500,10 @@ func TestWorkerFailureIsBounded(t *testing.T) {
 		// Another process holds its liveness lock on a session of its own,
 		// and claims the message under that key.
 		const key = 4_000_000_000_123
-		live, err := b.db.Pool.Acquire(t.Context())
-		require.NoError(t, err)
+		live := b.db.Session(t)
 		q := dbsqlc.New()
 		require.NoError(t, q.InboxHoldLiveness(t.Context(), live, key))
-		_, err = q.InboxClaimBatch(t.Context(), b.db.Pool, dbsqlc.InboxClaimBatchParams{Process: "p", Build: "b", MaxRows: 1, Session: key})
+		_, err := q.InboxClaimBatch(t.Context(), b.db.Pool, dbsqlc.InboxClaimBatchParams{Process: "p", Build: "b", MaxRows: 1, Session: key})
 		require.NoError(t, err)
 		w := b.newWorker(t, b.db.Pool, inbox.WorkerConfig{ClaimLease: time.Hour})
 		n, err := w.RunOnce(t.Context())
@@ -513,8 +512,7 @@ func TestWorkerFailureIsBounded(t *testing.T) {
 
 		// The process dies: its session ends, and the lock with it, as soon
 		// as the server has seen the connection close.
-		require.NoError(t, live.Conn().Close(t.Context()))
-		live.Release()
+		require.NoError(t, live.Close(t.Context()))
 		require.Eventually(t, func() bool {
 			n, err := w.RunOnce(t.Context())
 			require.NoError(t, err)

@@ -237,6 +237,17 @@ func (db *DB) Strings(tb testing.TB, query string, args ...any) []string {
 	return out
 }
 
+// Session opens a connection of its own to the schema, as another process
+// would hold one; closing it ends the session, as that process's death
+// would. It is closed at the end of the test if it is still open.
+func (db *DB) Session(tb testing.TB) *pgx.Conn {
+	tb.Helper()
+	conn, err := pgx.Connect(context.WithoutCancel(tb.Context()), db.URL)
+	require.NoError(tb, err)
+	tb.Cleanup(func() { _ = conn.Close(context.Background()) })
+	return conn
+}
+
 // Int runs query and returns its single integer value.
 func (db *DB) Int(tb testing.TB, query string, args ...any) int {
 	tb.Helper()
