@@ -61,8 +61,8 @@ func (l *liveness) hold(ctx context.Context, config *pgx.ConnConfig, logger *slo
 		return &pgconn.DeadlineContextWatcherHandler{Conn: c.Conn()}
 	}
 	retry.Reconnect(ctx, retry.ReconnectConfig{
-		Base: 200 * time.Millisecond, Max: 10 * time.Second, ResetAfter: time.Minute,
-		Logger: logger, Message: "liveness session ended, reconnecting; until then, new claims wait for the lease, and those taken under the lost session are taken over by others",
+		ResetAfter: retry.SessionResetAfter,
+		Logger:     logger, Message: "liveness session ended, reconnecting; until then, new claims wait for the lease, and those taken under the lost session are taken over by others",
 	}, func(ctx context.Context) error {
 		conn, err := pgx.ConnectConfig(ctx, config)
 		if err != nil {

@@ -213,9 +213,7 @@ func (w *Worker) Start(ctx context.Context) error {
 // transactions rolled back (the messages stay pending), and Stop returns once
 // they have.
 func (w *Worker) Stop(ctx context.Context) {
-	if !w.service.Stop(ctx) {
-		w.logger.Error("did not stop within the grace period; left behind")
-	}
+	w.service.StopOrLog(ctx, w.logger)
 }
 
 func (w *Worker) loop(fetchCtx, workCtx context.Context, n int) {

@@ -188,15 +188,13 @@ func (c *Ingest) Start(ctx context.Context) error {
 // flight are abandoned unacknowledged (the broker redelivers them), and Stop
 // returns once the connection is closed.
 func (c *Ingest) Stop(ctx context.Context) {
-	if !c.service.Stop(ctx) {
-		c.logger.Error("did not stop within the grace period; left behind")
-	}
+	c.service.StopOrLog(ctx, c.logger)
 }
 
 func (c *Ingest) run(fetchCtx, workCtx context.Context) {
 	retry.Reconnect(fetchCtx, retry.ReconnectConfig{
-		Base: 200 * time.Millisecond, Max: 15 * time.Second, ResetAfter: time.Minute,
-		Logger: c.logger, Message: "broker session ended, reconnecting",
+		ResetAfter: retry.SessionResetAfter,
+		Logger:     c.logger, Message: "broker session ended, reconnecting",
 	}, func(fetchCtx context.Context) error { return c.session(fetchCtx, workCtx) })
 }
 

@@ -135,9 +135,7 @@ func (j *Janitor) Start(ctx context.Context) error {
 
 // Stop ends the cleanup in progress between two batches and waits for it.
 func (j *Janitor) Stop(ctx context.Context) {
-	if !j.service.Stop(ctx) {
-		j.logger.Error("did not stop within the grace period; left behind")
-	}
+	j.service.StopOrLog(ctx, j.logger)
 }
 
 // RunOnce deletes, batch after batch, every row past its retention, and

@@ -43,7 +43,7 @@ func (g *GaugeLock) Held() bool { return g != nil && g.held.Load() }
 // Run tries to take the lock, and keeps it, until ctx ends.
 func (g *GaugeLock) Run(ctx context.Context) {
 	retry.Reconnect(ctx, retry.ReconnectConfig{
-		Base: 200 * time.Millisecond, Max: g.interval,
+		Policy: retry.Policy{Base: retry.Session.Base, Max: g.interval},
 		Logger: g.logger, Message: "gauge lock session ended",
 	}, func(ctx context.Context) error {
 		defer g.held.Store(false)

@@ -6,7 +6,6 @@ package notifier
 import (
 	"context"
 	"log/slog"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -61,7 +60,7 @@ func (l *Notifier) notify(topic Topic) {
 // Run listens until ctx ends.
 func (l *Notifier) Run(ctx context.Context) {
 	retry.Reconnect(ctx, retry.ReconnectConfig{
-		Base: 100 * time.Millisecond, Max: 10 * time.Second,
+		Policy: retry.Session,
 		Logger: l.logger, Message: "listen connection lost",
 	}, l.listen)
 }

@@ -176,15 +176,13 @@ func (r *Relay) Start(ctx context.Context) error {
 // Stop stops the relay after the batch in flight, or when ctx ends. The rows
 // of an unfinished batch stay unpublished, and are published again.
 func (r *Relay) Stop(ctx context.Context) {
-	if !r.service.Stop(ctx) {
-		r.logger.Error("did not stop within the grace period; left behind")
-	}
+	r.service.StopOrLog(ctx, r.logger)
 }
 
 func (r *Relay) run(ctx, workCtx context.Context) {
 	retry.Reconnect(ctx, retry.ReconnectConfig{
-		Base: 200 * time.Millisecond, Max: 15 * time.Second, ResetAfter: time.Minute,
-		Logger: r.logger, Message: "relay session ended, reconnecting",
+		ResetAfter: retry.SessionResetAfter,
+		Logger:     r.logger, Message: "relay session ended, reconnecting",
 	}, func(ctx context.Context) error {
 		defer r.connected.Store(false)
 		return r.session(ctx, workCtx)

@@ -8,8 +8,8 @@ import (
 
 // ReconnectConfig says how Reconnect backs off between sessions.
 type ReconnectConfig struct {
-	// Base and Max bound the backoff (see Backoff).
-	Base, Max time.Duration
+	// Policy bounds the backoff. Defaults to Session.
+	Policy Policy
 	// ResetAfter, when not 0, has a session that lasted longer count as a
 	// fresh start: the next backoff is Base again.
 	ResetAfter time.Duration
@@ -23,7 +23,10 @@ type ReconnectConfig struct {
 // that, after a backoff that grows with the sessions that ended in a row. A
 // session uses one connection until it fails; it returns nil once ctx ends.
 func Reconnect(ctx context.Context, cfg ReconnectConfig, session func(context.Context) error) {
-	failures := 0
+	if cfg.Policy == (Policy{}) {
+		cfg.Policy = Session
+	}
+	failures := Failures{Policy: cfg.Policy}
 	for ctx.Err() == nil {
 		started := time.Now()
 		err := session(ctx)
@@ -31,10 +34,9 @@ func Reconnect(ctx context.Context, cfg ReconnectConfig, session func(context.Co
 			return
 		}
 		if cfg.ResetAfter > 0 && time.Since(started) > cfg.ResetAfter {
-			failures = 0
+			failures.Reset()
 		}
-		failures++
-		delay := Backoff(failures, cfg.Base, cfg.Max)
+		delay := failures.Next()
 		cfg.Logger.Warn(cfg.Message, slog.String("error", errString(err)), slog.Duration("retry_in", delay))
 		if !Sleep(ctx, delay) {
 			return

@@ -20,7 +20,7 @@ func TestReconnect(t *testing.T) {
 	defer cancel()
 	calls := 0
 	retry.Reconnect(ctx, retry.ReconnectConfig{
-		Base: time.Millisecond, Max: time.Millisecond,
+		Policy: retry.Policy{Base: time.Millisecond, Max: time.Millisecond},
 		Logger: slog.New(slog.DiscardHandler), Message: "session ended",
 	}, func(context.Context) error {
 		calls++

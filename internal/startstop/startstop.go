@@ -7,6 +7,7 @@ package startstop
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"sync"
 	"time"
 )
@@ -71,5 +72,13 @@ func (s *Service) Stop(ctx context.Context) bool {
 		return true
 	case <-time.After(AbandonAfter):
 		return false
+	}
+}
+
+// StopOrLog is Stop for a service that has nothing to add: when run did not
+// return, it logs so on logger, at error level, and returns.
+func (s *Service) StopOrLog(ctx context.Context, logger *slog.Logger) {
+	if !s.Stop(ctx) {
+		logger.ErrorContext(ctx, "did not stop within the grace period; left behind")
 	}
 }
