@@ -21,6 +21,7 @@ import (
 	"github.com/orderconfirm/inboxd/internal/dbsqlc"
 	"github.com/orderconfirm/inboxd/internal/retry"
 	"github.com/orderconfirm/inboxd/internal/startstop"
+	"github.com/orderconfirm/inboxd/internal/testsignal"
 )
 
 // Kinds of rows the janitor deletes, as reported to Observe and in Result.
@@ -87,6 +88,16 @@ type Janitor struct {
 	logger  *slog.Logger
 	queries *dbsqlc.Queries
 	service startstop.Service
+
+	// TestSignals tell a test what the running service did; they are off
+	// unless a test initializes them.
+	TestSignals TestSignals
+}
+
+// TestSignals are the janitor's signals to tests.
+type TestSignals struct {
+	// CleanedUp carries what each cleanup of the running service deleted.
+	CleanedUp testsignal.Signal[Result]
 }
 
 // New returns a Janitor that deletes through pool, which it uses one
@@ -110,7 +121,7 @@ func (j *Janitor) Start(ctx context.Context) error {
 	return j.service.Start(ctx, func(fetchCtx, _ context.Context) {
 		timer := time.NewTimer(0)
 		defer timer.Stop()
-		failures := 0
+		failures := retry.Failures{Policy: retry.Policy{Base: time.Second, Max: j.cfg.Interval}}
 		for {
 			select {
 			case <-fetchCtx.Done():
@@ -118,15 +129,16 @@ func (j *Janitor) Start(ctx context.Context) error {
 			case <-timer.C:
 			}
 			next := j.cfg.Interval
-			if _, err := j.RunOnce(fetchCtx); err != nil {
-				if fetchCtx.Err() != nil {
-					return
-				}
-				failures++
-				next = min(next, retry.Backoff(failures, time.Second, j.cfg.Interval))
+			res, err := j.RunOnce(fetchCtx)
+			switch {
+			case err != nil && fetchCtx.Err() != nil:
+				return
+			case err != nil:
+				next = min(next, failures.Next())
 				j.logger.Error("cleanup failed", slog.String("error", err.Error()), slog.Duration("retry_in", next))
-			} else {
-				failures = 0
+			default:
+				failures.Reset()
+				j.TestSignals.CleanedUp.Signal(res)
 			}
 			timer.Reset(next)
 		}

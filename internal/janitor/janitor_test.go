@@ -238,3 +238,27 @@ func percentile(ds []time.Duration, p float64) time.Duration {
 	slices.Sort(s)
 	return s[min(len(s)-1, int(p*float64(len(s))))].Round(10 * time.Microsecond)
 }
+
+// The running service cleans up at once when it starts, and again each
+// Interval: it runs the RunOnce the other tests call.
+func TestJanitorServiceCleansUpAtStartAndEachInterval(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	const day = 24 * time.Hour
+	seedMessage(t, db.Pool, "processed-old", "processed", 8*day)
+	j := newJanitor(t, db.Pool, janitor.Config{Retention: 7 * day, DeadRetention: 30 * day, Interval: 50 * time.Millisecond})
+	j.TestSignals.CleanedUp.Init()
+	require.NoError(t, j.Start(t.Context()))
+	t.Cleanup(func() { j.Stop(context.WithoutCancel(t.Context())) })
+
+	require.Equal(t, int64(1), j.TestSignals.CleanedUp.Wait(t)[janitor.RowsProcessed], "the first cleanup runs at start")
+	require.Zero(t, db.Int(t, "SELECT count(*) FROM inbox"))
+
+	seedMessage(t, db.Pool, "processed-later", "processed", 9*day)
+	for {
+		if res := j.TestSignals.CleanedUp.Wait(t); res[janitor.RowsProcessed] == 1 {
+			break
+		}
+	}
+	require.Zero(t, db.Int(t, "SELECT count(*) FROM inbox"), "a later cleanup deletes what aged since")
+}
