@@ -23,6 +23,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/orderconfirm/inboxd/internal/msgid"
 )
 
 // Defaults of Config.
@@ -220,8 +222,22 @@ func (h *Handler) serveOverviewJSON(w http.ResponseWriter, _ *http.Request) {
 	writeJSON(w, statusOf(o.Database), o)
 }
 
+// badMessageID answers 400, without asking the database, a request for an
+// id the inbox cannot hold (see msgid.Check), and reports whether it did.
+func badMessageID(w http.ResponseWriter, id string) bool {
+	err := msgid.Check(id)
+	if err == nil {
+		return false
+	}
+	writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
+	return true
+}
+
 func (h *Handler) serveMessagePage(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("message_id")
+	if badMessageID(w, id) {
+		return
+	}
 	m := h.Message(id)
 	status := statusOf(m.Database)
 	if status == http.StatusOK && !m.Found {
@@ -231,7 +247,11 @@ func (h *Handler) serveMessagePage(w http.ResponseWriter, r *http.Request) {
 }
 
 func (h *Handler) serveMessageJSON(w http.ResponseWriter, r *http.Request) {
-	m := h.Message(r.PathValue("message_id"))
+	id := r.PathValue("message_id")
+	if badMessageID(w, id) {
+		return
+	}
+	m := h.Message(id)
 	status := statusOf(m.Database)
 	if status == http.StatusOK && !m.Found {
 		status = http.StatusNotFound

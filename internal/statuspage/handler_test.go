@@ -193,6 +193,25 @@ func TestStatusPageJSON(t *testing.T) {
 	})
 }
 
+// An id the inbox cannot hold (a NUL, invalid UTF-8, over 255 bytes) is
+// answered 400 with the reason, without a database call: PostgreSQL would
+// refuse the NUL, and the page would say the database is unreachable.
+func TestStatusPageRefusesIDsTheInboxCannotHold(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	for _, id := range []string{"%00", "a%00b", "%FF", strings.Repeat("x", 256)} {
+		for _, path := range []string{"/api/messages/", "/messages/"} {
+			status, body := get(t, b.server.URL+path+id)
+			require.Equal(t, http.StatusBadRequest, status, "%s%s: %s", path, id, body)
+			require.Contains(t, body, "message id")
+		}
+	}
+	require.Zero(t, b.page.QueryCounts()["inbox"], "no id was looked up")
+	status, _ := get(t, b.server.URL+"/api/messages/"+strings.Repeat("x", 255))
+	require.Equal(t, http.StatusNotFound, status, "the longest legal id is looked up")
+	require.Equal(t, int64(1), b.page.QueryCounts()["inbox"])
+}
+
 // replayed runs a replay statement in a transaction it rolls back and
 // returns how many rows it changed.
 func replayed(t *testing.T, db *testenv.DB, stmt string) int64 {
