@@ -217,12 +217,18 @@ func (r *Relay) session(ctx, workCtx context.Context) error {
 	}
 	r.connected.Store(true)
 	r.logger.Info("relay connected to broker")
+	return r.publishLoop(ctx, workCtx, ch, closed, returns)
+}
 
+// publishLoop publishes batch after batch on ch, waiting for a wake-up or
+// the poll when the outbox has nothing due, until ctx ends or the channel
+// fails. A failed claim is retried after a backoff, on the same channel.
+func (r *Relay) publishLoop(ctx, workCtx context.Context, ch *amqp.Channel, closed <-chan *amqp.Error, returns <-chan amqp.Return) error {
 	// Every PollInterval, busy or not, the unroutable count is read again.
 	housekeep := func() error { return r.countUnroutable(ch) }
 	poll := time.NewTicker(r.cfg.PollInterval)
 	defer poll.Stop()
-	claimFailures := 0
+	claimFailures := retry.Failures{Policy: retry.Transient}
 	for {
 		select {
 		case <-poll.C:
@@ -233,10 +239,7 @@ func (r *Relay) session(ctx, workCtx context.Context) error {
 		}
 		n, err := r.publishBatch(ctx, workCtx, ch, returns)
 		if claimErr := (claimError{}); errors.As(err, &claimErr) {
-			claimFailures++
-			delay := retry.Backoff(claimFailures, 100*time.Millisecond, 10*time.Second)
-			r.logger.Error("claim outbox rows", slog.String("error", claimErr.err.Error()), slog.Duration("retry_in", delay))
-			if !retry.Sleep(ctx, delay) {
+			if !claimFailures.Wait(ctx, r.logger, "claim outbox rows", claimErr.err) {
 				return nil
 			}
 			continue
@@ -244,7 +247,7 @@ func (r *Relay) session(ctx, workCtx context.Context) error {
 		if err != nil {
 			return err
 		}
-		claimFailures = 0
+		claimFailures.Reset()
 		if n > 0 {
 			continue
 		}
