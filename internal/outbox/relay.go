@@ -11,8 +11,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"slices"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -219,12 +217,18 @@ func (r *Relay) session(ctx, workCtx context.Context) error {
 	}
 	r.connected.Store(true)
 	r.logger.Info("relay connected to broker")
+	return r.publishLoop(ctx, workCtx, ch, closed, returns)
+}
 
+// publishLoop publishes batch after batch on ch, waiting for a wake-up or
+// the poll when the outbox has nothing due, until ctx ends or the channel
+// fails. A failed claim is retried after a backoff, on the same channel.
+func (r *Relay) publishLoop(ctx, workCtx context.Context, ch *amqp.Channel, closed <-chan *amqp.Error, returns <-chan amqp.Return) error {
 	// Every PollInterval, busy or not, the unroutable count is read again.
 	housekeep := func() error { return r.countUnroutable(ch) }
 	poll := time.NewTicker(r.cfg.PollInterval)
 	defer poll.Stop()
-	claimFailures := 0
+	claimFailures := retry.Failures{Policy: retry.Transient}
 	for {
 		select {
 		case <-poll.C:
@@ -235,10 +239,7 @@ func (r *Relay) session(ctx, workCtx context.Context) error {
 		}
 		n, err := r.publishBatch(ctx, workCtx, ch, returns)
 		if claimErr := (claimError{}); errors.As(err, &claimErr) {
-			claimFailures++
-			delay := retry.Backoff(claimFailures, 100*time.Millisecond, 10*time.Second)
-			r.logger.Error("claim outbox rows", slog.String("error", claimErr.err.Error()), slog.Duration("retry_in", delay))
-			if !retry.Sleep(ctx, delay) {
+			if !claimFailures.Wait(ctx, r.logger, "claim outbox rows", claimErr.err) {
 				return nil
 			}
 			continue
@@ -246,7 +247,7 @@ func (r *Relay) session(ctx, workCtx context.Context) error {
 		if err != nil {
 			return err
 		}
-		claimFailures = 0
+		claimFailures.Reset()
 		if n > 0 {
 			continue
 		}
@@ -262,167 +263,4 @@ func (r *Relay) session(ctx, workCtx context.Context) error {
 			}
 		}
 	}
-}
-
-// claimError is a claim of outbox rows, or the commit of their outcome, that
-// failed: the database's trouble, not the channel's, so the session backs
-// off and claims again.
-type claimError struct{ err error }
-
-func (e claimError) Error() string { return "claim outbox rows: " + e.err.Error() }
-func (e claimError) Unwrap() error { return e.err }
-
-// publishBatch claims rows, publishes them and records the outcome, in one
-// transaction. It returns a claimError when the claim failed, and any other
-// error only when the channel can no longer be used.
-func (r *Relay) publishBatch(ctx, workCtx context.Context, ch *amqp.Channel, returns <-chan amqp.Return) (int, error) {
-	// Begun on workCtx: a shutdown during the publish still records what
-	// the broker confirmed, within the grace period.
-	tx, err := r.pool.Begin(workCtx)
-	if err != nil {
-		return 0, claimError{err}
-	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(workCtx)) }()
-	rows, err := r.queries.OutboxClaimBatch(ctx, tx, dbsqlc.OutboxClaimBatchParams{
-		LeaseMs: r.cfg.Lease.Milliseconds(), MaxRows: int32(r.cfg.BatchSize),
-	})
-	if err != nil {
-		return 0, claimError{err}
-	}
-	if len(rows) == 0 {
-		return 0, nil
-	}
-	// Published in id order: the claim returns its rows in no set order, and
-	// an order's events must leave in the order they were written.
-	slices.SortFunc(rows, func(a, b dbsqlc.OutboxClaimBatchRow) int { return cmp.Compare(a.ID, b.ID) })
-
-	traces := make([]tracing.Text, len(rows))
-	for i, row := range rows {
-		traces[i] = tracing.Text{Traceparent: row.Traceparent, Tracestate: row.Tracestate}
-	}
-	ctx, span := r.cfg.Tracer.StartPublish(ctx, broker.ExchangeEvents, len(rows), traces)
-	defer span.End()
-
-	// An order's rows go out one round at a time: its first row in the
-	// first round, with the first rows of the other orders, its second in
-	// the next, once the first is confirmed. A row that was not confirmed
-	// (or came back) holds back the later rows of its order, so no event of
-	// an order reaches the exchange ahead of an earlier one.
-	round := make([]int, len(rows))
-	seen := map[string]int{}
-	rounds := 1
-	for i, row := range rows {
-		if row.OrderKey != "" {
-			round[i] = seen[row.OrderKey]
-			seen[row.OrderKey]++
-			rounds = max(rounds, round[i]+1)
-		}
-	}
-	waitCtx, cancel := context.WithTimeout(workCtx, r.cfg.ConfirmTimeout)
-	defer cancel()
-	confirmed := make([]bool, len(rows))
-	reasons := make([]string, len(rows))
-	heldBack := map[string]bool{} // orders with a row not published
-	var publishErr error
-	for n := 0; n < rounds && publishErr == nil; n++ {
-		pub := broker.Publisher{Ch: ch}
-		var sent []int // the rows of this round that were published, in order
-		for i, row := range rows {
-			if round[i] != n {
-				continue
-			}
-			if heldBack[row.OrderKey] {
-				reasons[i] = "held back: an earlier event of its order was not published"
-				continue
-			}
-			// Mandatory: an event that neither a binding nor the alternate
-			// exchange's queue takes comes back, and its row stays unpublished.
-			err := pub.Publish(workCtx, broker.ExchangeEvents, row.RoutingKey, true, amqp.Publishing{
-				Headers:      traces[i].SetHeaders(nil),
-				ContentType:  "application/json",
-				DeliveryMode: amqp.Persistent,
-				MessageId:    row.IdempotencyKey,
-				Type:         row.RoutingKey,
-				Timestamp:    row.CreatedAt,
-				AppId:        "inboxd",
-				Body:         []byte(row.Payload),
-			})
-			if err != nil {
-				publishErr = err
-				break
-			}
-			sent = append(sent, i)
-		}
-		for k, ok := range pub.Confirmed(waitCtx) {
-			confirmed[sent[k]] = ok
-		}
-		// The broker sends a return before the confirm of the same publish:
-		// every return of this round is in the channel by now.
-		returned := map[string]amqp.Return{}
-		for _, ret := range broker.DrainReturns(returns) {
-			returned[ret.MessageId] = ret
-		}
-		for _, i := range sent {
-			row := rows[i]
-			if ret, ok := returned[row.IdempotencyKey]; ok {
-				confirmed[i] = false
-				reasons[i] = fmt.Sprintf("unroutable: the broker returned it (%d %s): no queue is bound for routing key %q, and %s is missing",
-					ret.ReplyCode, ret.ReplyText, ret.RoutingKey, broker.QueueUnroutable)
-			}
-			if !confirmed[i] && row.OrderKey != "" {
-				heldBack[row.OrderKey] = true
-			}
-		}
-	}
-	var published, failed []int64
-	attempts := 1
-	reason := "broker did not confirm the publish"
-	if publishErr != nil {
-		reason = publishErr.Error()
-	}
-	for i, row := range rows {
-		if confirmed[i] {
-			published = append(published, row.ID)
-			continue
-		}
-		failed = append(failed, row.ID)
-		attempts = max(attempts, int(row.Attempts))
-		if reasons[i] != "" && !strings.HasPrefix(reasons[i], "held back") {
-			reason = reasons[i]
-		}
-	}
-
-	// Record the outcome even while stopping: the broker has the messages.
-	// The claim marked every row published; the rows that were not are
-	// given back before the commit. Should the commit fail, every row of
-	// the batch is published again, under the same ids.
-	recordCtx, cancelRecord := context.WithTimeout(workCtx, 10*time.Second)
-	defer cancelRecord()
-	var recordErr error
-	if len(failed) > 0 {
-		delay := retry.Backoff(attempts, r.cfg.RetryBase, r.cfg.RetryMax)
-		recordErr = r.queries.OutboxRelease(recordCtx, tx, dbsqlc.OutboxReleaseParams{
-			Ids: failed, LastError: reason, RetryDelayMs: delay.Milliseconds(),
-		})
-	}
-	if recordErr == nil {
-		recordErr = tx.Commit(recordCtx)
-	}
-	if recordErr != nil {
-		// The rollback undoes the attempts and retry delays too: the
-		// session backs off, as after a failed claim, before the batch is
-		// published again.
-		return len(rows), claimError{fmt.Errorf("record the batch's outcome (its %d rows will be published again, under the same ids): %w", len(rows), recordErr)}
-	}
-	if len(published) > 0 && r.cfg.OnPublished != nil {
-		r.cfg.OnPublished(len(published))
-	}
-	if len(failed) > 0 {
-		r.logger.WarnContext(ctx, "outbox rows not published", slog.Int("rows", len(failed)), slog.String("error", reason))
-		tracing.Fail(span, errors.New(reason))
-		if publishErr != nil || ch.IsClosed() {
-			return len(rows), fmt.Errorf("publish: %s", reason)
-		}
-	}
-	return len(rows), nil
 }
