@@ -63,20 +63,59 @@ func (o *outboxRows) traceOf(msgs []inbox.Message) {
 	}
 }
 
-// add records the effect routingKey, with its body, of handling the inbox
-// message messageID about order orderID. The relay publishes an order's
-// effects in the order they were added.
-func (o *outboxRows) add(messageID, orderID, routingKey string, body any) {
-	b, err := json.Marshal(body)
+// effect is one event that handling an inbox message writes to the outbox:
+// routingKey, with its body, of handling the message messageID about order
+// orderID.
+type effect struct {
+	messageID, orderID, routingKey string
+	body                           any
+}
+
+// add records the effect e. The relay publishes an order's effects in the
+// order they were added.
+func (o *outboxRows) add(e effect) {
+	b, err := json.Marshal(e.body)
 	if err != nil {
-		panic(fmt.Sprintf("marshal %s event: %v", routingKey, err)) // the event types always marshal
+		panic(fmt.Sprintf("marshal %s event: %v", e.routingKey, err)) // the event types always marshal
 	}
 	o.batch.Add(outbox.Event{
-		IdempotencyKey: IdempotencyKey(messageID, routingKey),
-		RoutingKey:     routingKey,
+		IdempotencyKey: IdempotencyKey(e.messageID, e.routingKey),
+		RoutingKey:     e.routingKey,
 		Payload:        b,
-		MessageID:      messageID,
-		OrderKey:       orderID,
-		Trace:          o.trace[messageID],
+		MessageID:      e.messageID,
+		OrderKey:       e.orderID,
+		Trace:          o.trace[e.messageID],
 	})
+}
+
+// confirmedEffects are the effects of confirming the order of m, an
+// order.created message: order.confirmed, then email.requested.
+func confirmedEffects(m message) []effect {
+	o := m.created
+	return []effect{
+		{m.id, o.OrderID, EventOrderConfirmed, orderEvent{
+			EventType: EventOrderConfirmed, OrderID: o.OrderID, UserID: o.UserID, Email: o.Email, Items: o.Items, MessageID: m.id,
+		}},
+		{m.id, o.OrderID, EventEmailRequested, emailRequest{
+			EventType: EventEmailRequested, Template: "order-confirmation", OrderID: o.OrderID, To: o.Email, MessageID: m.id,
+		}},
+	}
+}
+
+// rejectedEffect is the effect of rejecting the order of m, an
+// order.created message, for reason.
+func rejectedEffect(m message, reason string) effect {
+	o := m.created
+	return effect{m.id, o.OrderID, EventOrderRejected, orderEvent{
+		EventType: EventOrderRejected, OrderID: o.OrderID, UserID: o.UserID, Items: o.Items, Reason: reason, MessageID: m.id,
+	}}
+}
+
+// cancelledEffect is the effect of cancelling the order of m, an
+// order.cancelled message.
+func cancelledEffect(m message) effect {
+	c := m.cancelled
+	return effect{m.id, c.OrderID, EventOrderCancelled, orderEvent{
+		EventType: EventOrderCancelled, OrderID: c.OrderID, Reason: c.Reason, MessageID: m.id,
+	}}
 }

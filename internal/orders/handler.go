@@ -76,77 +76,105 @@ var _ inbox.Handler = (*Handler)(nil)
 // the messages before it, so a batch holding both kinds for one order
 // applies them in arrival order.
 func (h *Handler) HandleBatch(ctx context.Context, tx pgx.Tx, msgs []inbox.Message) ([]inbox.Outcome, error) {
-	outcomes := make([]inbox.Outcome, len(msgs))
-	decoded := make([]any, len(msgs))
-	for i, m := range msgs {
-		switch m.Type {
-		case TypeOrderCreated:
-			order, err := DecodeOrderCreated(m.Payload)
-			if err != nil {
-				outcomes[i].Err = inbox.Permanent(err)
-				continue
-			}
-			decoded[i] = order
-		case TypeOrderCancelled:
-			cancel, err := DecodeOrderCancelled(m.Payload)
-			if err != nil {
-				outcomes[i].Err = inbox.Permanent(err)
-				continue
-			}
-			decoded[i] = cancel
-		default:
-			outcomes[i].Err = inbox.Permanentf("unknown message type %q", m.Type)
-		}
-	}
-	blocked, levels, err := h.lockStock(ctx, tx, decoded)
+	ready, done := decodeBatch(msgs)
+	blocked, locked, err := h.lockStock(ctx, tx, ready)
 	if err != nil {
 		return nil, err
 	}
-	// A message that waits holds back the later messages of its order in
-	// this batch too (they share one only when they have no ordering key).
-	waiting := map[string]error{}
-	for i, d := range decoded {
-		id := orderIDOf(d)
-		if skus := blocked[i]; len(skus) > 0 {
-			waiting[id] = fmt.Errorf("stock row %s locked by another session", strings.Join(skus, ", "))
-		} else if waiting[id] == nil {
+	ready, waiting := holdBack(ready, blocked)
+	applied, err := h.apply(ctx, tx, ready, locked)
+	if err != nil {
+		return nil, err
+	}
+	done = append(append(done, waiting...), applied...)
+	return record(ctx, tx, msgs, done)
+}
+
+// handled is what handling one message of a batch came to: its outcome, and
+// the effects it writes to the outbox, in the order they are published.
+type handled struct {
+	index   int // in the batch
+	outcome inbox.Outcome
+	effects []effect
+}
+
+// decodeBatch decodes each message of msgs once. It returns those that
+// decode, in order, and the failure of each that does not.
+func decodeBatch(msgs []inbox.Message) ([]message, []handled) {
+	var ready []message
+	var failed []handled
+	for i, m := range msgs {
+		d, err := decode(i, m)
+		if err != nil {
+			failed = append(failed, handled{index: i, outcome: inbox.Outcome{Err: err}})
 			continue
 		}
-		outcomes[i].Err = inbox.Wait(StockWaitRetry, waiting[id])
-		decoded[i] = nil
+		ready = append(ready, d)
 	}
+	return ready, failed
+}
 
-	var created []pendingCreate
+// holdBack returns the messages that run now, and the outcome of each that
+// waits instead: one that needs stock rows another session holds (blocked,
+// by batch index) waits, and holds back the later messages of its order in
+// this batch too (they share one only when they have no ordering key).
+func holdBack(ready []message, blocked map[int][]string) (run []message, waiting []handled) {
+	waits := map[string]error{}
+	for _, m := range ready {
+		id := m.orderID()
+		if skus := blocked[m.index]; len(skus) > 0 {
+			waits[id] = fmt.Errorf("stock row %s locked by another session", strings.Join(skus, ", "))
+		} else if waits[id] == nil {
+			run = append(run, m)
+			continue
+		}
+		waiting = append(waiting, handled{index: m.index, outcome: inbox.Outcome{Err: inbox.Wait(StockWaitRetry, waits[id])}})
+	}
+	return run, waiting
+}
+
+// apply handles the messages that run now, in order: each run of
+// consecutive order.created messages with one confirm, each order.cancelled
+// on its own after it. locked are the stock levels lockStock read.
+func (h *Handler) apply(ctx context.Context, tx pgx.Tx, ready []message, locked map[string]int32) ([]handled, error) {
+	stock := stockLevels{locked: locked}
+	var done []handled
+	var run []message
+	for _, m := range ready {
+		if m.created != nil {
+			run = append(run, m)
+			continue
+		}
+		confirmed, err := h.confirm(ctx, tx, run, stock)
+		if err != nil {
+			return nil, err
+		}
+		cancelled, err := h.cancel(ctx, tx, m)
+		if err != nil {
+			return nil, err
+		}
+		done = append(append(done, confirmed...), cancelled)
+		run, stock.stale = nil, true
+	}
+	confirmed, err := h.confirm(ctx, tx, run, stock)
+	if err != nil {
+		return nil, err
+	}
+	return append(done, confirmed...), nil
+}
+
+// record returns the outcome of each message of msgs from what handling it
+// came to, done, and writes the effects to the outbox in the order of done.
+// A replayed message's result says so.
+func record(ctx context.Context, tx pgx.Tx, msgs []inbox.Message, done []handled) ([]inbox.Outcome, error) {
+	outcomes := make([]inbox.Outcome, len(msgs))
 	var events outboxRows
 	events.traceOf(msgs)
-	flush := func() error {
-		if err := h.confirm(ctx, tx, created, levels, outcomes, &events); err != nil {
-			return err
+	for _, d := range done {
+		outcomes[d.index] = d.outcome
+		for _, e := range d.effects {
+			events.add(e)
 		}
-		created = created[:0]
-		return nil
-	}
-	for i, d := range decoded {
-		switch d := d.(type) {
-		case OrderCreated:
-			created = append(created, pendingCreate{index: i, messageID: msgs[i].MessageID, order: d})
-		case OrderCancelled:
-			if err := flush(); err != nil {
-				return nil, err
-			}
-			result, err := h.cancel(ctx, tx, msgs[i].MessageID, d)
-			if err != nil {
-				return nil, err
-			}
-			levels = nil // changed by the reserve before and the stock given back
-			outcomes[i].Result = result
-			if result == ResultCancelled || result == ResultCancelledUnseen {
-				events.add(msgs[i].MessageID, d.OrderID, EventOrderCancelled, orderEvent{EventType: EventOrderCancelled, OrderID: d.OrderID, Reason: d.Reason, MessageID: msgs[i].MessageID})
-			}
-		}
-	}
-	if err := flush(); err != nil {
-		return nil, err
 	}
 	if err := events.batch.Insert(ctx, tx); err != nil {
 		return nil, err
@@ -157,17 +185,6 @@ func (h *Handler) HandleBatch(ctx context.Context, tx pgx.Tx, msgs []inbox.Messa
 		}
 	}
 	return outcomes, nil
-}
-
-// orderIDOf returns the order a decoded message is about, "" for none.
-func orderIDOf(d any) string {
-	switch d := d.(type) {
-	case OrderCreated:
-		return d.OrderID
-	case OrderCancelled:
-		return d.OrderID
-	}
-	return ""
 }
 
 // StockLockWait is how long the handler waits for a stock row that another
@@ -192,28 +209,10 @@ const StockHeldMemory = 2 * time.Second
 // open transaction, say) is not waited for. It returns, per message index,
 // the SKUs it needs that another session holds (those messages must not
 // run now), and the levels of the rows it locked.
-func (h *Handler) lockStock(ctx context.Context, tx pgx.Tx, decoded []any) (map[int][]string, map[string]int32, error) {
-	needs := map[int][]string{}
-	cancelled := map[string]int{}
-	for i, d := range decoded {
-		switch d := d.(type) {
-		case OrderCreated:
-			for _, it := range d.Items {
-				needs[i] = append(needs[i], it.SKU)
-			}
-		case OrderCancelled:
-			cancelled[d.OrderID] = i
-		}
-	}
-	if len(cancelled) > 0 {
-		reserved, err := h.queries.StockReservedSkus(ctx, tx, slices.Collect(maps.Keys(cancelled)))
-		if err != nil {
-			return nil, nil, fmt.Errorf("read reserved skus: %w", err)
-		}
-		for _, r := range reserved {
-			i := cancelled[r.OrderID]
-			needs[i] = append(needs[i], r.Sku)
-		}
+func (h *Handler) lockStock(ctx context.Context, tx pgx.Tx, ready []message) (map[int][]string, map[string]int32, error) {
+	needs, err := h.stockNeeds(ctx, tx, ready)
+	if err != nil {
+		return nil, nil, err
 	}
 	skuSet := map[string]bool{}
 	for _, skus := range needs {
@@ -224,9 +223,7 @@ func (h *Handler) lockStock(ctx context.Context, tx pgx.Tx, decoded []any) (map[
 	if len(skuSet) == 0 {
 		return nil, nil, nil
 	}
-	skus := slices.Sorted(maps.Keys(skuSet))
-
-	levels, held, err := h.lockOrFindHeld(ctx, tx, skus)
+	levels, held, err := h.lockOrFindHeld(ctx, tx, slices.Sorted(maps.Keys(skuSet)))
 	if err != nil || len(held) == 0 {
 		return nil, levels, err
 	}
@@ -241,46 +238,99 @@ func (h *Handler) lockStock(ctx context.Context, tx pgx.Tx, decoded []any) (map[
 	return blocked, levels, nil
 }
 
+// stockNeeds returns, per message index, the SKUs of the stock rows each
+// message needs: an order's items, and the rows a cancellation's order
+// holds reserved.
+func (h *Handler) stockNeeds(ctx context.Context, tx pgx.Tx, ready []message) (map[int][]string, error) {
+	needs := map[int][]string{}
+	cancelled := map[string]int{}
+	for _, m := range ready {
+		if m.created == nil {
+			cancelled[m.cancelled.OrderID] = m.index
+			continue
+		}
+		for _, it := range m.created.Items {
+			needs[m.index] = append(needs[m.index], it.SKU)
+		}
+	}
+	if len(cancelled) == 0 {
+		return needs, nil
+	}
+	reserved, err := h.queries.StockReservedSkus(ctx, tx, slices.Collect(maps.Keys(cancelled)))
+	if err != nil {
+		return nil, fmt.Errorf("read reserved skus: %w", err)
+	}
+	for _, r := range reserved {
+		i := cancelled[r.OrderID]
+		needs[i] = append(needs[i], r.Sku)
+	}
+	return needs, nil
+}
+
 // lockOrFindHeld locks the stock rows of skus and returns the levels of
 // those it locked, and the SKUs of those it could not: rows that exist but
 // another session holds. Rows found held before are only probed, without
 // waiting; the others are waited for StockLockWait at most, in SKU order.
 // Rows it finds held are remembered, and forgotten once a probe gets them.
 func (h *Handler) lockOrFindHeld(ctx context.Context, tx pgx.Tx, skus []string) (map[string]int32, map[string]bool, error) {
-	var probe, rest []string
+	probe, wait := h.recentlyHeld(skus)
+	levels, err := h.lockRows(ctx, tx, probe, wait)
+	if err != nil {
+		return nil, nil, err
+	}
+	exists, err := h.existingNotGot(ctx, tx, skus, levels)
+	if err != nil {
+		return nil, nil, err
+	}
+	return levels, h.rememberHeld(skus, wait, exists), nil
+}
+
+// recentlyHeld splits skus into those found held within StockHeldMemory,
+// to probe, and the rest, to wait for.
+func (h *Handler) recentlyHeld(skus []string) (probe, wait []string) {
 	h.heldMu.Lock()
+	defer h.heldMu.Unlock()
 	for _, sku := range skus {
 		if found, ok := h.held[sku]; ok && time.Since(found) < StockHeldMemory {
 			probe = append(probe, sku)
 		} else {
-			rest = append(rest, sku)
+			wait = append(wait, sku)
 		}
 	}
-	h.heldMu.Unlock()
+	return probe, wait
+}
 
+// lockRows locks the stock rows of probe without waiting (SKIP LOCKED), and
+// those of wait waiting StockLockWait at most, and returns the levels of
+// the rows it locked.
+func (h *Handler) lockRows(ctx context.Context, tx pgx.Tx, probe, wait []string) (map[string]int32, error) {
 	levels := map[string]int32{}
 	if len(probe) > 0 {
 		rows, err := h.queries.StockLockAvailable(ctx, tx, probe)
 		if err != nil {
-			return nil, nil, fmt.Errorf("lock available stock: %w", err)
+			return nil, fmt.Errorf("lock available stock: %w", err)
 		}
 		for _, r := range rows {
 			levels[r.Sku] = r.Available
 		}
 	}
-	if len(rest) > 0 {
-		rows, err := h.queries.StockLock(ctx, tx, dbsqlc.StockLockParams{Skus: rest, WaitMs: int32(StockLockWait.Milliseconds())})
+	if len(wait) > 0 {
+		rows, err := h.queries.StockLock(ctx, tx, dbsqlc.StockLockParams{Skus: wait, WaitMs: int32(StockLockWait.Milliseconds())})
 		if err != nil {
-			return nil, nil, fmt.Errorf("lock stock: %w", err)
+			return nil, fmt.Errorf("lock stock: %w", err)
 		}
 		for _, r := range rows {
 			levels[r.Sku] = r.Available
 		}
 	}
+	return levels, nil
+}
 
-	// A row not got is held by another session, or not there at all (an
-	// unknown SKU, which the order's decision rejects): read which, only
-	// when there is one.
+// existingNotGot returns which of the skus whose rows were not got (not in
+// levels) exist. A row not got is held by another session, or not there at
+// all (an unknown SKU, which the order's decision rejects): it reads which,
+// only when there is one.
+func (h *Handler) existingNotGot(ctx context.Context, tx pgx.Tx, skus []string, levels map[string]int32) (map[string]bool, error) {
 	var notGot []string
 	for _, sku := range skus {
 		if _, got := levels[sku]; !got {
@@ -288,15 +338,23 @@ func (h *Handler) lockOrFindHeld(ctx context.Context, tx pgx.Tx, skus []string) 
 		}
 	}
 	exists := map[string]bool{}
-	if len(notGot) > 0 {
-		rows, err := h.queries.StockGetMany(ctx, tx, notGot)
-		if err != nil {
-			return nil, nil, fmt.Errorf("read stock: %w", err)
-		}
-		for _, r := range rows {
-			exists[r.Sku] = true
-		}
+	if len(notGot) == 0 {
+		return exists, nil
 	}
+	rows, err := h.queries.StockGetMany(ctx, tx, notGot)
+	if err != nil {
+		return nil, fmt.Errorf("read stock: %w", err)
+	}
+	for _, r := range rows {
+		exists[r.Sku] = true
+	}
+	return exists, nil
+}
+
+// rememberHeld returns the SKUs of skus whose rows exist but were not got,
+// the held ones, and remembers when those it waited for (wait) were found
+// held; it forgets the rows it got, and those that are not there.
+func (h *Handler) rememberHeld(skus, wait []string, exists map[string]bool) map[string]bool {
 	held := map[string]bool{}
 	h.heldMu.Lock()
 	defer h.heldMu.Unlock()
@@ -307,77 +365,88 @@ func (h *Handler) lockOrFindHeld(ctx context.Context, tx pgx.Tx, skus []string) 
 		switch {
 		case !exists[sku]: // got, or not there
 			delete(h.held, sku)
-		case slices.Contains(rest, sku):
+		case slices.Contains(wait, sku):
 			h.held[sku] = time.Now() // found held again after a wait
 			fallthrough
 		default:
 			held[sku] = true
 		}
 	}
-	return levels, held, nil
+	return held
 }
 
-type pendingCreate struct {
-	index     int
-	messageID string
-	order     OrderCreated
+// stockLevels are the levels of the stock rows that reserve decides on.
+type stockLevels struct {
+	// locked are the levels of the batch's stock rows as lockStock read them
+	// when it locked them.
+	locked map[string]int32
+	// stale is set once the batch has handled a cancellation: one, the only
+	// thing that ends a run of orders early, gives stock back after the run
+	// before it took some, so the next run's reserve reads the levels again.
+	stale bool
 }
 
-// confirm records the orders in one statement, reserves the stock of each
-// order it newly recorded (all of an order's items, or none), rejects the
-// orders whose stock falls short, and sets each message's result and
-// effects from that.
-func (h *Handler) confirm(ctx context.Context, tx pgx.Tx, created []pendingCreate, levels map[string]int32, outcomes []inbox.Outcome, events *outboxRows) error {
-	if len(created) == 0 {
-		return nil
+// confirm records the orders of run, order.created messages, in one
+// statement, reserves the stock of each order it newly recorded (all of an
+// order's items, or none), rejects the orders whose stock falls short, and
+// returns what each message came to.
+func (h *Handler) confirm(ctx context.Context, tx pgx.Tx, run []message, stock stockLevels) ([]handled, error) {
+	if len(run) == 0 {
+		return nil, nil
 	}
+	inserted, err := h.insertOrders(ctx, tx, run)
+	if err != nil {
+		return nil, err
+	}
+	var done []handled
+	var fresh []message
+	for _, m := range run {
+		if inserted[m.id] {
+			fresh = append(fresh, m)
+		} else {
+			done = append(done, handled{index: m.index, outcome: inbox.Outcome{Result: ResultAlreadyRecorded}})
+		}
+	}
+	rejections, err := h.reserve(ctx, tx, fresh, stock)
+	if err != nil {
+		return nil, err
+	}
+	for i, m := range fresh {
+		done = append(done, decided(m, rejections[i]))
+	}
+	return done, nil
+}
+
+// insertOrders records the orders of run, ON CONFLICT (order_id) DO
+// NOTHING, and returns the ids of the messages whose order it recorded.
+func (h *Handler) insertOrders(ctx context.Context, tx pgx.Tx, run []message) (map[string]bool, error) {
 	p := dbsqlc.OrderConfirmationInsertManyParams{
-		OrderIds:   make([]string, len(created)),
-		UserIds:    make([]string, len(created)),
-		Emails:     make([]string, len(created)),
-		MessageIds: make([]string, len(created)),
+		OrderIds:   make([]string, len(run)),
+		UserIds:    make([]string, len(run)),
+		Emails:     make([]string, len(run)),
+		MessageIds: make([]string, len(run)),
 	}
-	for i, c := range created {
-		p.OrderIds[i], p.UserIds[i], p.Emails[i], p.MessageIds[i] = c.order.OrderID, c.order.UserID, c.order.Email, c.messageID
+	for i, m := range run {
+		p.OrderIds[i], p.UserIds[i], p.Emails[i], p.MessageIds[i] = m.created.OrderID, m.created.UserID, m.created.Email, m.id
 	}
 	rows, err := h.queries.OrderConfirmationInsertMany(ctx, tx, p)
 	if err != nil {
-		return fmt.Errorf("insert order confirmations: %w", err)
+		return nil, fmt.Errorf("insert order confirmations: %w", err)
 	}
 	insertedBy := make(map[string]bool, len(rows))
 	for _, r := range rows {
 		insertedBy[r.MessageID] = true
 	}
-	var fresh []pendingCreate
-	for _, c := range created {
-		if insertedBy[c.messageID] {
-			fresh = append(fresh, c)
-		} else {
-			outcomes[c.index].Result = ResultAlreadyRecorded
-		}
+	return insertedBy, nil
+}
+
+// decided is what a newly recorded order's message comes to: rejected for
+// reason, or confirmed when reason is "".
+func decided(m message, reason string) handled {
+	if reason != "" {
+		return handled{index: m.index, outcome: inbox.Outcome{Result: ResultRejected}, effects: []effect{rejectedEffect(m, reason)}}
 	}
-	rejections, err := h.reserve(ctx, tx, fresh, levels)
-	if err != nil {
-		return err
-	}
-	for i, c := range fresh {
-		o := c.order
-		if reason := rejections[i]; reason != "" {
-			outcomes[c.index].Result = ResultRejected
-			events.add(c.messageID, o.OrderID, EventOrderRejected, orderEvent{
-				EventType: EventOrderRejected, OrderID: o.OrderID, UserID: o.UserID, Items: o.Items, Reason: reason, MessageID: c.messageID,
-			})
-			continue
-		}
-		outcomes[c.index].Result = ResultConfirmed
-		events.add(c.messageID, o.OrderID, EventOrderConfirmed, orderEvent{
-			EventType: EventOrderConfirmed, OrderID: o.OrderID, UserID: o.UserID, Email: o.Email, Items: o.Items, MessageID: c.messageID,
-		})
-		events.add(c.messageID, o.OrderID, EventEmailRequested, emailRequest{
-			EventType: EventEmailRequested, Template: "order-confirmation", OrderID: o.OrderID, To: o.Email, MessageID: c.messageID,
-		})
-	}
-	return nil
+	return handled{index: m.index, outcome: inbox.Outcome{Result: ResultConfirmed}, effects: confirmedEffects(m)}
 }
 
 // reserve reserves the stock of each order, in order and all or nothing
@@ -386,69 +455,97 @@ func (h *Handler) confirm(ctx context.Context, tx pgx.Tx, created []pendingCreat
 // stock rows are locked already (see lockStock), so their levels hold until
 // the transaction ends: decideStock decides on them, and the takes,
 // reservations and rejections are then written with one statement each.
-// levels are the locked rows' levels as lockStock read them; nil reads
-// them again. The handler passes them to its first reserve only: a
-// cancellation, the only thing that ends a run of orders early, gives
-// stock back, and the next run reads the levels again.
-func (h *Handler) reserve(ctx context.Context, tx pgx.Tx, orders []pendingCreate, levels map[string]int32) ([]string, error) {
+// It decides on the levels lockStock read, unless stock says they are
+// stale: then it reads them again.
+func (h *Handler) reserve(ctx context.Context, tx pgx.Tx, orders []message, stock stockLevels) ([]string, error) {
 	if len(orders) == 0 {
 		return nil, nil
 	}
-	available := levels
-	if available == nil {
-		skuSet := map[string]bool{}
-		for _, c := range orders {
-			for _, it := range c.order.Items {
-				skuSet[it.SKU] = true
-			}
-		}
-		rows, err := h.queries.StockGetMany(ctx, tx, slices.Sorted(maps.Keys(skuSet)))
-		if err != nil {
-			return nil, fmt.Errorf("read stock: %w", err)
-		}
-		available = make(map[string]int32, len(rows))
-		for _, r := range rows {
-			available[r.Sku] = r.Available
+	available := stock.locked
+	if stock.stale {
+		var err error
+		if available, err = h.readStock(ctx, tx, orders); err != nil {
+			return nil, err
 		}
 	}
-
 	created := make([]OrderCreated, len(orders))
-	for i, c := range orders {
-		created[i] = c.order
+	for i, m := range orders {
+		created[i] = *m.created
 	}
 	d := decideStock(created, available)
-	res, take, reject := d.reservations, d.take, d.reject
-
-	if len(res.OrderIds) > 0 {
-		inserted, err := h.queries.StockReservationInsertMany(ctx, tx, res)
-		if err != nil {
-			return nil, fmt.Errorf("record reservations: %w", err)
-		}
-		if len(inserted) != len(res.OrderIds) {
-			// Only an order recorded in this very transaction reserves, so
-			// its reservations cannot exist yet: refuse to take stock twice.
-			return nil, fmt.Errorf("record reservations: %d of %d already existed", len(res.OrderIds)-len(inserted), len(res.OrderIds))
-		}
-		n, err := h.queries.StockTakeMany(ctx, tx, take)
-		if err != nil {
-			return nil, fmt.Errorf("take stock: %w", err)
-		}
-		if n != int64(len(take.Skus)) {
-			return nil, fmt.Errorf("take stock: %d of %d SKUs no longer had the stock", int64(len(take.Skus))-n, len(take.Skus))
-		}
-	}
-	if len(reject.OrderIds) > 0 {
-		if err := h.queries.OrderConfirmationRejectMany(ctx, tx, reject); err != nil {
-			return nil, fmt.Errorf("reject orders: %w", err)
-		}
+	if err := h.writeStock(ctx, tx, d); err != nil {
+		return nil, err
 	}
 	return d.reasons, nil
 }
 
-// cancel moves a confirmed order to cancelled and gives its stock back; the
-// conditional update makes both happen once, however often the cancellation
-// is handled.
-func (h *Handler) cancel(ctx context.Context, tx pgx.Tx, messageID string, m OrderCancelled) (string, error) {
+// readStock reads the levels of the stock rows of the orders' items.
+func (h *Handler) readStock(ctx context.Context, tx pgx.Tx, orders []message) (map[string]int32, error) {
+	skuSet := map[string]bool{}
+	for _, m := range orders {
+		for _, it := range m.created.Items {
+			skuSet[it.SKU] = true
+		}
+	}
+	rows, err := h.queries.StockGetMany(ctx, tx, slices.Sorted(maps.Keys(skuSet)))
+	if err != nil {
+		return nil, fmt.Errorf("read stock: %w", err)
+	}
+	available := make(map[string]int32, len(rows))
+	for _, r := range rows {
+		available[r.Sku] = r.Available
+	}
+	return available, nil
+}
+
+// writeStock writes what decideStock decided: the reservations and the
+// stock they take, and the rejections.
+func (h *Handler) writeStock(ctx context.Context, tx pgx.Tx, d stockDecision) error {
+	res, take, reject := d.reservations, d.take, d.reject
+	if len(res.OrderIds) > 0 {
+		inserted, err := h.queries.StockReservationInsertMany(ctx, tx, res)
+		if err != nil {
+			return fmt.Errorf("record reservations: %w", err)
+		}
+		if len(inserted) != len(res.OrderIds) {
+			// Only an order recorded in this very transaction reserves, so
+			// its reservations cannot exist yet: refuse to take stock twice.
+			return fmt.Errorf("record reservations: %d of %d already existed", len(res.OrderIds)-len(inserted), len(res.OrderIds))
+		}
+		n, err := h.queries.StockTakeMany(ctx, tx, take)
+		if err != nil {
+			return fmt.Errorf("take stock: %w", err)
+		}
+		if n != int64(len(take.Skus)) {
+			return fmt.Errorf("take stock: %d of %d SKUs no longer had the stock", int64(len(take.Skus))-n, len(take.Skus))
+		}
+	}
+	if len(reject.OrderIds) > 0 {
+		if err := h.queries.OrderConfirmationRejectMany(ctx, tx, reject); err != nil {
+			return fmt.Errorf("reject orders: %w", err)
+		}
+	}
+	return nil
+}
+
+// cancel handles m, an order.cancelled message, and returns what it came
+// to: a cancellation that took effect adds order.cancelled to the outbox.
+func (h *Handler) cancel(ctx context.Context, tx pgx.Tx, m message) (handled, error) {
+	result, err := h.cancelOrder(ctx, tx, m.id, *m.cancelled)
+	if err != nil {
+		return handled{}, err
+	}
+	done := handled{index: m.index, outcome: inbox.Outcome{Result: result}}
+	if result == ResultCancelled || result == ResultCancelledUnseen {
+		done.effects = []effect{cancelledEffect(m)}
+	}
+	return done, nil
+}
+
+// cancelOrder moves a confirmed order to cancelled and gives its stock
+// back; the conditional update makes both happen once, however often the
+// cancellation is handled. It returns the message's result.
+func (h *Handler) cancelOrder(ctx context.Context, tx pgx.Tx, messageID string, m OrderCancelled) (string, error) {
 	cancelled, err := h.cancelConfirmed(ctx, tx, m)
 	if err != nil || cancelled {
 		return ResultCancelled, err

@@ -12,6 +12,8 @@ import (
 	"io"
 	"strconv"
 	"strings"
+
+	"github.com/orderconfirm/inboxd/internal/inbox"
 )
 
 // Message types the handler understands.
@@ -51,6 +53,46 @@ type Item struct {
 type OrderCancelled struct {
 	OrderID string `json:"orderId"`
 	Reason  string `json:"reason"`
+}
+
+// message is an order message of a batch, decoded once: exactly one of
+// created and cancelled is set.
+type message struct {
+	index     int    // in the batch
+	id        string // the inbox message id
+	created   *OrderCreated
+	cancelled *OrderCancelled
+}
+
+// decode decodes the inbox message m, at index in its batch. A body that
+// does not decode and a type it does not know are permanent failures.
+func decode(index int, m inbox.Message) (message, error) {
+	d := message{index: index, id: m.MessageID}
+	switch m.Type {
+	case TypeOrderCreated:
+		o, err := DecodeOrderCreated(m.Payload)
+		if err != nil {
+			return d, inbox.Permanent(err)
+		}
+		d.created = &o
+	case TypeOrderCancelled:
+		c, err := DecodeOrderCancelled(m.Payload)
+		if err != nil {
+			return d, inbox.Permanent(err)
+		}
+		d.cancelled = &c
+	default:
+		return d, inbox.Permanentf("unknown message type %q", m.Type)
+	}
+	return d, nil
+}
+
+// orderID is the order the message is about.
+func (m message) orderID() string {
+	if m.created != nil {
+		return m.created.OrderID
+	}
+	return m.cancelled.OrderID
 }
 
 // ErrInvalidPayload is wrapped by every decoding and validation error.
