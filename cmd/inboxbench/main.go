@@ -70,6 +70,7 @@ type options struct {
 	claimRows      []int
 	probeClients   int
 	probeMessages  int
+	cpuProfile     string
 }
 
 // scenarios lists what the suite measures, in the order it runs them.
@@ -87,9 +88,45 @@ var scenarios = []struct {
 	{"probes", benchProbes},
 }
 
+// run parses args, runs the scenarios chosen, and prints the report to
+// stdout.
 func run(ctx context.Context, args []string, stdout io.Writer) error {
-	var o options
-	var only, claimRows, cpuProfile string
+	o, err := parseFlags(args)
+	if err != nil {
+		return err
+	}
+	if o.cpuProfile != "" {
+		stop, err := startCPUProfile(o.cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer stop()
+	}
+	ctx, cancel := context.WithTimeout(ctx, o.timeout)
+	defer cancel()
+
+	r := &report{}
+	if err := r.describeMachine(ctx, o); err != nil {
+		return err
+	}
+	for _, sc := range scenarios {
+		if o.only != nil && !slices.Contains(o.only, sc.name) {
+			continue
+		}
+		fmt.Fprintf(os.Stderr, "inboxbench: %s...\n", sc.name)
+		started := time.Now()
+		if err := sc.run(ctx, o, r); err != nil {
+			return fmt.Errorf("%s: %w", sc.name, err)
+		}
+		fmt.Fprintf(os.Stderr, "inboxbench: %s took %s\n", sc.name, time.Since(started).Round(time.Second))
+	}
+	return r.print(stdout)
+}
+
+// parseFlags reads the options from the command line.
+func parseFlags(args []string) (*options, error) {
+	o := &options{}
+	var only, claimRows string
 	fs := flag.NewFlagSet("inboxbench", flag.ContinueOnError)
 	fs.StringVar(&o.inboxd, "inboxd", "bin/inboxd", "path of the inboxd binary to measure")
 	fs.StringVar(&o.databaseURL, "database-url", cmp.Or(os.Getenv("DATABASE_URL"), "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"), "PostgreSQL URL; a fresh schema is created in this database")
@@ -108,10 +145,10 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	fs.DurationVar(&o.steadyDuration, "steady-duration", 5*time.Minute, "steady: how long to publish")
 	fs.IntVar(&o.probeClients, "probe-clients", 200, "probes: concurrent clients sending GET /readyz in a loop")
 	fs.IntVar(&o.probeMessages, "probe-messages", 20_000, "probes: the backlog drained, without and with the probes")
-	fs.StringVar(&cpuProfile, "cpuprofile", "", "write a CPU profile of the bench process (which runs ingest and the workers of core and split) to this file")
+	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the bench process (which runs ingest and the workers of core and split) to this file")
 	fs.StringVar(&claimRows, "claim-rows", "0,1000000,10000000", "claim: processed rows in the inbox at each measurement, ascending")
 	if err := fs.Parse(args); err != nil {
-		return err
+		return nil, err
 	}
 	if only != "" {
 		o.only = strings.Split(only, ",")
@@ -119,38 +156,23 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 	for _, v := range strings.Split(claimRows, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(v))
 		if err != nil || n < 0 || (len(o.claimRows) > 0 && n < o.claimRows[len(o.claimRows)-1]) {
-			return fmt.Errorf("-claim-rows: want ascending counts, got %q", claimRows)
+			return nil, fmt.Errorf("-claim-rows: want ascending counts, got %q", claimRows)
 		}
 		o.claimRows = append(o.claimRows, n)
 	}
-	if cpuProfile != "" {
-		f, err := os.Create(cpuProfile)
-		if err != nil {
-			return err
-		}
-		defer func() { _ = f.Close() }()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
-	}
-	ctx, cancel := context.WithTimeout(ctx, o.timeout)
-	defer cancel()
+	return o, nil
+}
 
-	r := &report{}
-	if err := r.describeMachine(ctx, &o); err != nil {
-		return err
+// startCPUProfile profiles this process's CPU into a file at path until
+// the stop it returns is called.
+func startCPUProfile(path string) (stop func(), err error) {
+	f, err := os.Create(path)
+	if err != nil {
+		return nil, err
 	}
-	for _, sc := range scenarios {
-		if o.only != nil && !slices.Contains(o.only, sc.name) {
-			continue
-		}
-		fmt.Fprintf(os.Stderr, "inboxbench: %s...\n", sc.name)
-		started := time.Now()
-		if err := sc.run(ctx, &o, r); err != nil {
-			return fmt.Errorf("%s: %w", sc.name, err)
-		}
-		fmt.Fprintf(os.Stderr, "inboxbench: %s took %s\n", sc.name, time.Since(started).Round(time.Second))
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		return nil, err
 	}
-	return r.print(stdout)
+	return func() { pprof.StopCPUProfile(); _ = f.Close() }, nil
 }

@@ -7,9 +7,15 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/orderconfirm/inboxd/internal/dbsqlc"
 	"github.com/orderconfirm/inboxd/internal/inbox"
 )
+
+// Each measurement times claimBatches batches of claimBatchSize pending
+// messages, after one more to warm up.
+const claimBatches, claimBatchSize = 20, 1000
 
 // benchClaim measures (6): the claim statement, and a whole work batch, as
 // processed rows pile up in the inbox.
@@ -23,63 +29,20 @@ func benchClaim(ctx context.Context, o *options, r *report) error {
 	if err != nil {
 		return err
 	}
-	q := dbsqlc.New()
 	var base float64
 	have := 0
 	for _, size := range o.claimRows {
-		// Processed rows up to size, a million per statement.
 		seedStarted := time.Now()
-		for have < size {
-			n := min(1_000_000, size-have)
-			if _, err := e.pool.Exec(ctx, `
-				INSERT INTO inbox (message_id, message_type, payload, status, attempts, received_at, processed_at, order_key)
-				SELECT 'old-' || g, 'order.created', '{"orderId":"x"}', 'processed', 1, now() - interval '1 day', now() - interval '1 day', 'old-' || g
-				FROM generate_series($1::bigint, $2::bigint) g`, have, have+n-1); err != nil {
-				return fmt.Errorf("seed processed rows: %w", err)
-			}
-			have += n
-		}
-		// 20 batches of 1000 pending messages, one more to warm up; then the
-		// table's statistics and visibility map as autovacuum would leave them.
-		const batches, batchSize = 20, 1000
-		if _, err := e.pool.Exec(ctx, `
-			INSERT INTO inbox (message_id, message_type, payload, order_key)
-			SELECT 'new-' || $1::text || '-' || g, 'order.created', '{"orderId":"x"}', 'new-' || $1::text || '-' || g
-			FROM generate_series(1, $2::int) g`, strconv.Itoa(size), (batches+1)*batchSize); err != nil {
+		if have, err = seedProcessed(ctx, e.pool, have, size); err != nil {
 			return err
 		}
-		if _, err := e.pool.Exec(ctx, "VACUUM ANALYZE inbox"); err != nil {
+		if err := seedPending(ctx, e.pool, size); err != nil {
 			return err
 		}
 		seeded := time.Since(seedStarted)
-		if _, err := w.RunOnce(ctx); err != nil { // warm-up, not counted
+		claims, works, err := timeClaims(ctx, e.pool, w)
+		if err != nil {
 			return err
-		}
-		var claims, works []time.Duration
-		for range batches {
-			started := time.Now()
-			claimed, err := q.InboxClaimBatch(ctx, e.pool, dbsqlc.InboxClaimBatchParams{Process: "bench", Build: "bench", MaxRows: batchSize})
-			if err != nil {
-				return err
-			}
-			claims = append(claims, time.Since(started))
-			if len(claimed) != batchSize {
-				return fmt.Errorf("claimed %d, want %d", len(claimed), batchSize)
-			}
-			ids := make([]int64, len(claimed))
-			for i, c := range claimed {
-				ids[i] = c.ID
-			}
-			// Release the claim, then time a whole batch (claim, lock,
-			// handle, complete) on the same rows.
-			if _, err := e.pool.Exec(ctx, "UPDATE inbox SET claimed_at = NULL, attempts = 0 WHERE id = ANY($1)", ids); err != nil {
-				return err
-			}
-			started = time.Now()
-			if _, err := w.RunOnce(ctx); err != nil {
-				return err
-			}
-			works = append(works, time.Since(started))
 		}
 		slices.Sort(claims)
 		slices.Sort(works)
@@ -91,4 +54,68 @@ func benchClaim(ctx context.Context, o *options, r *report) error {
 			claim.Round(10*time.Microsecond), claim.Seconds()/base, works[len(works)/2].Round(10*time.Microsecond), seeded.Round(time.Second))
 	}
 	return nil
+}
+
+// seedProcessed adds processed rows to the have the inbox holds until it
+// holds size, a million per statement, and returns how many it holds.
+func seedProcessed(ctx context.Context, pool *pgxpool.Pool, have, size int) (int, error) {
+	for have < size {
+		n := min(1_000_000, size-have)
+		if _, err := pool.Exec(ctx, `
+			INSERT INTO inbox (message_id, message_type, payload, status, attempts, received_at, processed_at, order_key)
+			SELECT 'old-' || g, 'order.created', '{"orderId":"x"}', 'processed', 1, now() - interval '1 day', now() - interval '1 day', 'old-' || g
+			FROM generate_series($1::bigint, $2::bigint) g`, have, have+n-1); err != nil {
+			return have, fmt.Errorf("seed processed rows: %w", err)
+		}
+		have += n
+	}
+	return have, nil
+}
+
+// seedPending adds the pending messages timeClaims claims, then leaves the
+// table's statistics and visibility map as autovacuum would.
+func seedPending(ctx context.Context, pool *pgxpool.Pool, size int) error {
+	if _, err := pool.Exec(ctx, `
+		INSERT INTO inbox (message_id, message_type, payload, order_key)
+		SELECT 'new-' || $1::text || '-' || g, 'order.created', '{"orderId":"x"}', 'new-' || $1::text || '-' || g
+		FROM generate_series(1, $2::int) g`, strconv.Itoa(size), (claimBatches+1)*claimBatchSize); err != nil {
+		return err
+	}
+	_, err := pool.Exec(ctx, "VACUUM ANALYZE inbox")
+	return err
+}
+
+// timeClaims runs one batch to warm up, then times claimBatches claims of
+// claimBatchSize, and a whole batch of w (claim, lock, handle, complete) on
+// the same rows after each.
+func timeClaims(ctx context.Context, pool *pgxpool.Pool, w *inbox.Worker) (claims, works []time.Duration, err error) {
+	if _, err := w.RunOnce(ctx); err != nil { // warm-up, not counted
+		return nil, nil, err
+	}
+	q := dbsqlc.New()
+	for range claimBatches {
+		started := time.Now()
+		claimed, err := q.InboxClaimBatch(ctx, pool, dbsqlc.InboxClaimBatchParams{Process: "bench", Build: "bench", MaxRows: claimBatchSize})
+		if err != nil {
+			return nil, nil, err
+		}
+		claims = append(claims, time.Since(started))
+		if len(claimed) != claimBatchSize {
+			return nil, nil, fmt.Errorf("claimed %d, want %d", len(claimed), claimBatchSize)
+		}
+		ids := make([]int64, len(claimed))
+		for i, c := range claimed {
+			ids[i] = c.ID
+		}
+		// Release the claim, then time the whole batch on the same rows.
+		if _, err := pool.Exec(ctx, "UPDATE inbox SET claimed_at = NULL, attempts = 0 WHERE id = ANY($1)", ids); err != nil {
+			return nil, nil, err
+		}
+		started = time.Now()
+		if _, err := w.RunOnce(ctx); err != nil {
+			return nil, nil, err
+		}
+		works = append(works, time.Since(started))
+	}
+	return claims, works, nil
 }

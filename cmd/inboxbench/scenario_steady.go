@@ -11,6 +11,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/orderconfirm/inboxd/internal/broker"
@@ -37,89 +38,133 @@ func benchSteady(ctx context.Context, o *options, r *report) error {
 	n := int(o.steadyRate * o.steadyDuration.Seconds())
 	w := loadgen.Generate(loadgen.Spec{Orders: n, Seed: 2, Prefix: e.name, SKUs: o.skus})
 
-	// Memory, every second.
-	var rss []float64
-	var peak float64
-	sampleCtx, stopSampling := context.WithCancel(ctx)
-	sampled := make(chan struct{})
-	go func() {
-		defer close(sampled)
-		tick := time.NewTicker(time.Second)
-		defer tick.Stop()
-		for {
-			select {
-			case <-sampleCtx.Done():
-				return
-			case <-tick.C:
-				cur, hwm, err := processMemory(svc.cmd.Process.Pid)
-				if err == nil {
-					rss = append(rss, cur)
-					peak = max(peak, hwm)
-				}
-			}
-		}
-	}()
-
+	memory := sampleMemory(ctx, svc.cmd.Process.Pid)
 	// A downstream consumer of order.confirmed, as the orders' customers
 	// would run it: when each order's confirmation reached it.
 	confirmed, stopConfirmed, err := receiveTimes(ctx, e.amqpURL, "order.confirmed")
 	if err != nil {
-		stopSampling()
+		memory.stop()
 		return err
 	}
 	defer stopConfirmed()
 
 	sent, err := publishPaced(ctx, e.amqpURL, w.Messages, o.steadyRate)
 	if err != nil {
-		stopSampling()
+		memory.stop()
 		return err
 	}
 	if _, err := waitCount(ctx, e.pool, countProcessed, len(w.Messages), lastProcessed); err != nil {
-		stopSampling()
+		memory.stop()
 		return err
 	}
-	stopSampling()
-	<-sampled
+	memory.stop()
 
-	rows, err := e.pool.Query(ctx, "SELECT message_id, received_at, processed_at FROM inbox")
+	l, err := readLatencies(ctx, e.pool, sent)
 	if err != nil {
 		return err
 	}
-	var total, ingest, work []time.Duration
-	totalOf := map[string]time.Duration{}
+	l.report(r, sent, o)
+	toConsumer := sinceSent(sent, confirmed.wait(ctx, len(w.Messages), 30*time.Second))
+	r.add("   publish to order.confirmed received", "p50 %s, p99 %s, max %s (%d of %d received by a downstream consumer)",
+		quantile(toConsumer, 0.50), quantile(toConsumer, 0.99), quantile(toConsumer, 1), len(toConsumer), len(w.Messages))
+	memory.report(r, o.steadyDuration)
+	return nil
+}
+
+// memorySampler reads a process's memory every second until stopped.
+type memorySampler struct {
+	rss  []float64 // resident set size, MiB, one a second
+	peak float64   // the process's peak resident set size, MiB
+	stop func()    // ends the sampling and waits until it has ended
+}
+
+// sampleMemory starts sampling the memory of the process pid.
+func sampleMemory(ctx context.Context, pid int) *memorySampler {
+	m := &memorySampler{}
+	ctx, cancel := context.WithCancel(ctx)
+	sampled := make(chan struct{})
+	m.stop = func() { cancel(); <-sampled }
+	go func() {
+		defer close(sampled)
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+				cur, hwm, err := processMemory(pid)
+				if err == nil {
+					m.rss = append(m.rss, cur)
+					m.peak = max(m.peak, hwm)
+				}
+			}
+		}
+	}()
+	return m
+}
+
+// report adds (5): the peak, and the mean at the start and at the end of
+// the run (a minute each, or a third of a shorter run).
+func (m *memorySampler) report(r *report, run time.Duration) {
+	if len(m.rss) == 0 {
+		return
+	}
+	minute := min(60, len(m.rss)/3)
+	first, last := mean(m.rss[:minute]), mean(m.rss[len(m.rss)-minute:])
+	r.add("5. inboxd memory", "peak RSS %.1f MiB; mean RSS %.1f MiB in the first %ds, %.1f MiB in the last %ds of %s",
+		m.peak, first, minute, last, minute, run)
+}
+
+// latencies are each processed message's times from its publish to stored
+// (ingest), from stored to processed (work), and the two together (total).
+type latencies struct {
+	total, ingest, work []time.Duration
+	totalOf             map[string]time.Duration // total by message id
+}
+
+// readLatencies reads when each message in the inbox was stored and
+// processed, against when it was sent.
+func readLatencies(ctx context.Context, pool *pgxpool.Pool, sent map[string]time.Time) (*latencies, error) {
+	rows, err := pool.Query(ctx, "SELECT message_id, received_at, processed_at FROM inbox")
+	if err != nil {
+		return nil, err
+	}
+	l := &latencies{totalOf: map[string]time.Duration{}}
 	for rows.Next() {
 		var id string
 		var received, processed time.Time
 		if err := rows.Scan(&id, &received, &processed); err != nil {
-			return err
+			return nil, err
 		}
-		total = append(total, processed.Sub(sent[id]))
-		totalOf[id] = processed.Sub(sent[id])
-		ingest = append(ingest, received.Sub(sent[id]))
-		work = append(work, processed.Sub(received))
+		l.total = append(l.total, processed.Sub(sent[id]))
+		l.totalOf[id] = processed.Sub(sent[id])
+		l.ingest = append(l.ingest, received.Sub(sent[id]))
+		l.work = append(l.work, processed.Sub(received))
 	}
 	if err := rows.Err(); err != nil {
-		return err
+		return nil, err
 	}
+	return l, nil
+}
+
+// report adds (4): the quantiles of each latency, and the p99 per window.
+func (l *latencies) report(r *report, sent map[string]time.Time, o *options) {
 	r.add("4. latency at a steady rate", "p50 %s, p99 %s, p99.9 %s, max %s (%d orders at %.0f/s, publish to processed commit, orders handler)",
-		quantile(total, 0.50), quantile(total, 0.99), quantile(total, 0.999), quantile(total, 1), len(total), o.steadyRate)
-	r.add("   of which publish to stored", "p50 %s, p99 %s", quantile(ingest, 0.50), quantile(ingest, 0.99))
-	r.add("   of which stored to processed", "p50 %s, p99 %s", quantile(work, 0.50), quantile(work, 0.99))
-	r.add("   p99 per window of publishing", "%s", perWindow(sent, totalOf, o.steadyDuration))
-	downstream := confirmed.wait(ctx, len(w.Messages), 30*time.Second)
-	var toConsumer []time.Duration
-	for id, at := range downstream {
-		toConsumer = append(toConsumer, at.Sub(sent[id]))
+		quantile(l.total, 0.50), quantile(l.total, 0.99), quantile(l.total, 0.999), quantile(l.total, 1), len(l.total), o.steadyRate)
+	r.add("   of which publish to stored", "p50 %s, p99 %s", quantile(l.ingest, 0.50), quantile(l.ingest, 0.99))
+	r.add("   of which stored to processed", "p50 %s, p99 %s", quantile(l.work, 0.50), quantile(l.work, 0.99))
+	r.add("   p99 per window of publishing", "%s", perWindow(sent, l.totalOf, o.steadyDuration))
+}
+
+// sinceSent returns, for each message that arrived, the time from its send
+// to its arrival.
+func sinceSent(sent, arrived map[string]time.Time) []time.Duration {
+	var ds []time.Duration
+	for id, at := range arrived {
+		ds = append(ds, at.Sub(sent[id]))
 	}
-	r.add("   publish to order.confirmed received", "p50 %s, p99 %s, max %s (%d of %d received by a downstream consumer)",
-		quantile(toConsumer, 0.50), quantile(toConsumer, 0.99), quantile(toConsumer, 1), len(toConsumer), len(w.Messages))
-	if len(rss) > 0 {
-		minute := min(60, len(rss)/3)
-		first, last := mean(rss[:minute]), mean(rss[len(rss)-minute:])
-		r.add("5. inboxd memory", "peak RSS %.1f MiB; mean RSS %.1f MiB in the first %ds, %.1f MiB in the last %ds of %s",
-			peak, first, minute, last, minute, o.steadyDuration)
-	}
-	return nil
+	return ds
 }
 
 // arrivals records when each message of one routing key first reached a
