@@ -157,16 +157,6 @@ func (l *latencies) report(r *report, sent map[string]time.Time, o *options) {
 	r.add("   p99 per window of publishing", "%s", perWindow(sent, l.totalOf, o.steadyDuration))
 }
 
-// sinceSent returns, for each message that arrived, the time from its send
-// to its arrival.
-func sinceSent(sent, arrived map[string]time.Time) []time.Duration {
-	var ds []time.Duration
-	for id, at := range arrived {
-		ds = append(ds, at.Sub(sent[id]))
-	}
-	return ds
-}
-
 // arrivals records when each message of one routing key first reached a
 // consumer, by the inbox message id it answers.
 type arrivals struct {

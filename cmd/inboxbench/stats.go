@@ -86,6 +86,16 @@ func perWindow(sent map[string]time.Time, latency map[string]time.Duration, run 
 	return fmt.Sprintf("%s (each %s)", strings.Join(parts, ", "), window)
 }
 
+// sinceSent returns, for each message that arrived, the time from its send
+// to its arrival.
+func sinceSent(sent, arrived map[string]time.Time) []time.Duration {
+	var ds []time.Duration
+	for id, at := range arrived {
+		ds = append(ds, at.Sub(sent[id]))
+	}
+	return ds
+}
+
 func mean(xs []float64) float64 {
 	var s float64
 	for _, x := range xs {
