@@ -110,34 +110,12 @@ func benchDomainRuler(ctx context.Context, o *options, r *report) error {
 		return err
 	}
 	defer conn.Close()
-	setup, err := conn.Channel()
+	orders, events, pub, err := domainRulerChannels(conn)
 	if err != nil {
-		return err
-	}
-	if _, err := setup.QueueDeclare("bench.downstream", true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
-		return err
-	}
-	if err := setup.QueueBind("bench.downstream", "#", broker.ExchangeEvents, false, nil); err != nil {
-		return err
-	}
-	orders, err := consume(conn, broker.QueueInbox, 1000)
-	if err != nil {
-		return err
-	}
-	events, err := consume(conn, "bench.downstream", 1000)
-	if err != nil {
-		return err
-	}
-	pub, err := conn.Channel()
-	if err != nil {
-		return err
-	}
-	if err := pub.Confirm(false); err != nil {
 		return err
 	}
 	var drained atomic.Int64
 	var relayErr atomic.Pointer[error]
-	fail := func(err error) { relayErr.CompareAndSwap(nil, &err) }
 	var wg sync.WaitGroup
 	wg.Go(func() {
 		ackInBatches(events, func(batch []amqp.Delivery) {
@@ -150,19 +128,8 @@ func benchDomainRuler(ctx context.Context, o *options, r *report) error {
 			if relayErr.Load() != nil {
 				return
 			}
-			events := &broker.Publisher{Ch: pub}
-			for _, d := range batch {
-				for _, key := range []string{"order.confirmed", "email.requested"} {
-					if err := events.Publish(ctx, broker.ExchangeEvents, key, true, amqp.Publishing{
-						MessageId: d.MessageId + ":" + key, DeliveryMode: amqp.Persistent, ContentType: "application/json", Body: d.Body,
-					}); err != nil {
-						fail(err)
-						return
-					}
-				}
-			}
-			if err := events.Wait(ctx); err != nil {
-				fail(fmt.Errorf("events not confirmed: %w", err))
+			if err := relayEvents(ctx, pub, batch); err != nil {
+				relayErr.CompareAndSwap(nil, &err)
 				return
 			}
 			_ = batch[len(batch)-1].Ack(true)
@@ -188,6 +155,54 @@ func benchDomainRuler(ctx context.Context, o *options, r *report) error {
 	r.add("9. broker only, the domain's messaging", "%.0f orders/s (%d messages consumed, two persistent events each published with confirms, %d events drained, %s)",
 		r.domainRuler, len(w.Messages), drained.Load(), took.Round(time.Millisecond))
 	r.domainRatios()
+	return nil
+}
+
+// domainRulerChannels declares the downstream queue, bound to every event,
+// and opens on conn the consumers of the orders and of the downstream queue
+// and a confirmed channel to publish the events on.
+func domainRulerChannels(conn *amqp.Connection) (orders, events <-chan amqp.Delivery, pub *amqp.Channel, err error) {
+	setup, err := conn.Channel()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if _, err := setup.QueueDeclare("bench.downstream", true, false, false, false, amqp.Table{"x-queue-type": "quorum"}); err != nil {
+		return nil, nil, nil, err
+	}
+	if err := setup.QueueBind("bench.downstream", "#", broker.ExchangeEvents, false, nil); err != nil {
+		return nil, nil, nil, err
+	}
+	if orders, err = consume(conn, broker.QueueInbox, 1000); err != nil {
+		return nil, nil, nil, err
+	}
+	if events, err = consume(conn, "bench.downstream", 1000); err != nil {
+		return nil, nil, nil, err
+	}
+	if pub, err = conn.Channel(); err != nil {
+		return nil, nil, nil, err
+	}
+	if err := pub.Confirm(false); err != nil {
+		return nil, nil, nil, err
+	}
+	return orders, events, pub, nil
+}
+
+// relayEvents publishes an order.confirmed and an email.requested for each
+// order in batch on pub, and waits until all are confirmed.
+func relayEvents(ctx context.Context, pub *amqp.Channel, batch []amqp.Delivery) error {
+	events := &broker.Publisher{Ch: pub}
+	for _, d := range batch {
+		for _, key := range []string{"order.confirmed", "email.requested"} {
+			if err := events.Publish(ctx, broker.ExchangeEvents, key, true, amqp.Publishing{
+				MessageId: d.MessageId + ":" + key, DeliveryMode: amqp.Persistent, ContentType: "application/json", Body: d.Body,
+			}); err != nil {
+				return err
+			}
+		}
+	}
+	if err := events.Wait(ctx); err != nil {
+		return fmt.Errorf("events not confirmed: %w", err)
+	}
 	return nil
 }
 
