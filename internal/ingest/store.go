@@ -40,18 +40,14 @@ type stored struct {
 // up when ctx ends or abandoned reports true (the session stops or the
 // channel closed; the broker then redelivers).
 func (s *store) untilDone(ctx context.Context, rows []row, abandoned func() bool) (stored, error) {
-	for attempt := 1; ; attempt++ {
+	failures := retry.Failures{Policy: retry.Transient}
+	for {
 		res, err := s.save(ctx, rows)
 		if err == nil {
 			return res, nil
 		}
-		if abandoned() || ctx.Err() != nil {
-			return stored{}, fmt.Errorf("store batch: %w", err)
-		}
-		delay := retry.Backoff(attempt, 100*time.Millisecond, 5*time.Second)
-		s.logger.ErrorContext(ctx, "store batch failed, holding deliveries and retrying",
-			slog.Int("rows", len(rows)), slog.String("error", err.Error()), slog.Duration("retry_in", delay))
-		if !retry.Sleep(ctx, delay) {
+		if abandoned() || !failures.Wait(ctx, s.logger, "store batch failed, holding deliveries and retrying", err,
+			slog.Int("rows", len(rows))) {
 			return stored{}, fmt.Errorf("store batch: %w", err)
 		}
 	}
@@ -156,14 +152,15 @@ func (s *store) recordConflicts(ctx context.Context, dups dbsqlc.InboxRecordConf
 	// The insert has committed: retry only this statement while the store
 	// timeout allows, so that a failure here does not send the whole batch
 	// round again (its new rows would then count as duplicates).
+	failures := retry.Failures{Policy: retry.Statement}
 	var conflicts []dbsqlc.InboxRecordConflictsRow
-	for attempt := 1; ; attempt++ {
+	for {
 		var err error
 		conflicts, err = s.queries.InboxRecordConflicts(ctx, s.pool, dups)
 		if err == nil {
 			break
 		}
-		if isDataError(err) || !retry.Sleep(ctx, retry.Backoff(attempt, 50*time.Millisecond, time.Second)) {
+		if isDataError(err) || !retry.Sleep(ctx, failures.Next()) {
 			return 0, fmt.Errorf("record conflicting duplicates: %w", err)
 		}
 	}
