@@ -154,7 +154,7 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Ingest, error) {
 	if err != nil {
 		return nil, err
 	}
-	logger := c.Logger.With(slog.String("component", "inbox.ingest"))
+	logger := c.Logger.With(slog.String("component", "ingest"))
 	return &Ingest{
 		cfg:    c,
 		logger: logger,
