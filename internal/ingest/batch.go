@@ -1,0 +1,154 @@
+package ingest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/orderconfirm/inboxd/internal/broker"
+	"github.com/orderconfirm/inboxd/internal/tracing"
+)
+
+// batch accumulates deliveries of one channel until they are flushed.
+type batch struct {
+	ch         *amqp.Channel
+	deliveries []amqp.Delivery
+	bytes      int // of the deliveries' bodies
+	// stopping is closed when the session ends: a failing store is then not
+	// retried, and its deliveries go back to the queue.
+	stopping <-chan struct{}
+}
+
+func (b *batch) add(d amqp.Delivery) {
+	b.deliveries = append(b.deliveries, d)
+	b.bytes += len(d.Body)
+}
+
+// reset empties the batch, letting go of its bodies.
+func (b *batch) reset() {
+	clear(b.deliveries)
+	b.deliveries, b.bytes = b.deliveries[:0], 0
+}
+
+// abandoned reports whether the batch can no longer be acknowledged, or
+// should not be held any longer: its session is stopping or its channel
+// closed.
+func (b *batch) abandoned() bool {
+	select {
+	case <-b.stopping:
+		return true
+	default:
+	}
+	return b.ch.IsClosed()
+}
+
+// collect gathers the deliveries of in into b and flushes it when it is due,
+// until the channel fails or sessCtx ends. Batches are stored one after the
+// other, each after the one before it has committed, so that the inbox's ids
+// follow the order in which the broker delivered the messages.
+func (i *Ingest) collect(sessCtx, workCtx context.Context, in inbound, b *batch, dl *deadLetters) error {
+	linger := time.NewTimer(time.Hour)
+	linger.Stop()
+	defer linger.Stop()
+	for {
+		select {
+		case d, ok := <-in.deliveries:
+			if !ok {
+				return channelError(in.closed, "delivery channel closed")
+			}
+			b.add(d)
+			if len(b.deliveries) == 1 {
+				linger.Reset(i.cfg.Linger)
+			}
+			if i.due(b, d) {
+				linger.Stop()
+				if err := i.flush(workCtx, b, dl); err != nil {
+					return err
+				}
+			}
+		case <-linger.C:
+			if err := i.flush(workCtx, b, dl); err != nil {
+				return err
+			}
+		case amqpErr := <-in.closed:
+			return closedError("channel", amqpErr)
+		case <-in.cancelled:
+			return errors.New("consumer cancelled by the broker (queue deleted?)")
+		case <-sessCtx.Done():
+			// Store the batch in hand, then close the channel without
+			// cancelling first: the broker requeues what it sent ahead and
+			// gives it, before anything newer, to the next consumer. After a
+			// cancel it would pick the next consumer at once, which could
+			// store newer messages of an order before these.
+			return i.flush(workCtx, b, dl)
+		}
+	}
+}
+
+// due reports whether b, last added, is to be stored at once without
+// lingering: when full, when it holds half of what the broker may send
+// ahead (the other half keeps coming while it is stored), when its bodies
+// reach half the budget, or when it holds a body over the limit
+// (dead-lettered, and so released, at once).
+func (i *Ingest) due(b *batch, last amqp.Delivery) bool {
+	return len(b.deliveries) >= min(i.cfg.BatchSize, max(i.cfg.Prefetch/2, 1)) ||
+		b.bytes >= i.cfg.MaxInflightBytes/2 || len(last.Body) > i.cfg.MaxMessageBytes
+}
+
+// flush stores the batch, dead-letters what cannot be stored, and then
+// acknowledges every delivery of the batch with one multiple ack. It returns
+// an error, leaving the batch unacknowledged, only when the channel or the
+// stop deadline ended the attempt.
+func (i *Ingest) flush(ctx context.Context, b *batch, dl *deadLetters) error {
+	if len(b.deliveries) == 0 {
+		return nil
+	}
+	rows, rejects := i.validate(b.deliveries)
+	ctx, span := i.cfg.Tracer.StartReceive(ctx, broker.QueueInbox, len(b.deliveries), traces(rows))
+	defer span.End()
+
+	res, err := i.store.untilDone(ctx, rows, b.abandoned)
+	if err != nil {
+		tracing.Fail(span, err)
+		return err
+	}
+	for _, n := range res.rejects {
+		rejects = append(rejects, rejection{delivery: b.deliveries[rows[n].delivery], reason: "refused by the database"})
+	}
+	if len(rejects) > 0 {
+		if err := dl.publish(ctx, rejects); err != nil {
+			return fmt.Errorf("dead-letter %d deliveries: %w", len(rejects), err)
+		}
+	}
+	if err := b.deliveries[len(b.deliveries)-1].Ack(true); err != nil {
+		return fmt.Errorf("ack batch: %w", err)
+	}
+	i.report(ctx, Stats{
+		Deliveries:   len(b.deliveries),
+		Inserted:     res.inserted,
+		Duplicates:   len(rows) - len(res.rejects) - res.inserted,
+		DeadLettered: len(rejects),
+		Conflicts:    res.conflicts,
+	})
+	b.reset()
+	if res.inserted > 0 && i.cfg.OnStored != nil {
+		i.cfg.OnStored()
+	}
+	return nil
+}
+
+// report logs an acknowledged batch and tells Config.Observe about it.
+func (i *Ingest) report(ctx context.Context, s Stats) {
+	i.logger.DebugContext(ctx, "batch stored",
+		slog.Int("deliveries", s.Deliveries),
+		slog.Int("inserted", s.Inserted),
+		slog.Int("duplicates", s.Duplicates),
+		slog.Int("dead_lettered", s.DeadLettered))
+	if i.cfg.Observe != nil {
+		i.cfg.Observe(s)
+	}
+}

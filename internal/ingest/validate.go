@@ -1,0 +1,109 @@
+package ingest
+
+import (
+	"cmp"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"strings"
+	"unicode/utf8"
+
+	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/orderconfirm/inboxd/internal/tracing"
+)
+
+// maxMessageIDBytes is the longest message_id (and type) ingest stores.
+const maxMessageIDBytes = 255
+
+// row is a delivery that can be stored.
+type row struct {
+	messageID, messageType, routingKey, orderKey string
+	payload                                      []byte
+	delivery                                     int // index in batch.deliveries
+	// trace is the delivery's W3C trace context (zero when it had none, or
+	// a malformed one).
+	trace tracing.Text
+}
+
+// validate splits deliveries into the rows to store, in delivery order, and
+// the deliveries that cannot be stored.
+func (i *Ingest) validate(deliveries []amqp.Delivery) ([]row, []rejection) {
+	rows := make([]row, 0, len(deliveries))
+	var rejects []rejection
+	for n, d := range deliveries {
+		r, reason := i.classify(d)
+		if reason != "" {
+			rejects = append(rejects, rejection{delivery: d, reason: reason})
+			continue
+		}
+		r.delivery = n
+		rows = append(rows, r)
+	}
+	return rows, rejects
+}
+
+// classify turns a delivery into a row, or says why it cannot be stored.
+func (i *Ingest) classify(d amqp.Delivery) (row, string) {
+	if len(d.Body) > i.cfg.MaxMessageBytes {
+		return row{}, fmt.Sprintf("message too large: %d bytes, the limit is %d", len(d.Body), i.cfg.MaxMessageBytes)
+	}
+	msgType := cmp.Or(d.Type, d.RoutingKey)
+	if msgType == "" {
+		return row{}, "no message type: neither a type property nor a routing key"
+	}
+	if !validText(msgType) {
+		return row{}, "message type is not valid UTF-8 text or is too long"
+	}
+	id := d.MessageId
+	if id == "" {
+		if !i.cfg.DeriveMissingMessageID {
+			return row{}, "missing message_id"
+		}
+		id = derivedMessageID(msgType, d.Body)
+	}
+	if !validText(id) {
+		return row{}, "message_id is not valid UTF-8 text or is too long"
+	}
+	r := row{
+		messageID:   id,
+		messageType: msgType,
+		routingKey:  strings.ToValidUTF8(strings.ReplaceAll(d.RoutingKey, "\x00", ""), "?"),
+		payload:     d.Body,
+		trace:       tracing.FromHeaders(d.Headers),
+	}
+	if i.cfg.OrderingKey != nil {
+		if key := i.cfg.OrderingKey(msgType, d.Body); validText(key) {
+			r.orderKey = key
+		}
+	}
+	return r, ""
+}
+
+// derivedMessageID is the id of a delivery without one, when
+// Config.DeriveMissingMessageID asks for it: identical bodies of one type
+// get the same id.
+func derivedMessageID(msgType string, body []byte) string {
+	sum := sha256.New()
+	sum.Write([]byte(msgType))
+	sum.Write([]byte{0})
+	sum.Write(body)
+	return "sha256:" + hex.EncodeToString(sum.Sum(nil))
+}
+
+// validText reports whether s can be stored in a text column as an id.
+func validText(s string) bool {
+	return len(s) <= maxMessageIDBytes && utf8.ValidString(s) && !strings.ContainsRune(s, 0)
+}
+
+// traces returns the trace contexts the rows carry, the origins of a batch's
+// receive span.
+func traces(rows []row) []tracing.Text {
+	var origins []tracing.Text
+	for _, r := range rows {
+		if !r.trace.IsZero() {
+			origins = append(origins, r.trace)
+		}
+	}
+	return origins
+}
