@@ -88,7 +88,7 @@ func (c *postgresCheck) check(ctx context.Context) error {
 // reach PostgreSQL through readyPool, is consuming from RabbitMQ and its
 // relay is connected), /metrics (Prometheus) and the status page at / when
 // statusPage is not nil.
-func newHTTPHandler(readyPool *pgxpool.Pool, consumer *ingest.Ingest, relay *outbox.Relay, registry *prometheus.Registry, statusPage http.Handler) http.Handler {
+func newHTTPHandler(readyPool *pgxpool.Pool, ingest *ingest.Ingest, relay *outbox.Relay, registry *prometheus.Registry, statusPage http.Handler) http.Handler {
 	mux := http.NewServeMux()
 	if statusPage != nil {
 		// Any method, so that the page answers 405 itself to other methods
@@ -111,7 +111,7 @@ func newHTTPHandler(readyPool *pgxpool.Pool, consumer *ingest.Ingest, relay *out
 			checks["postgres"] = "unreachable"
 			status = http.StatusServiceUnavailable
 		}
-		if !consumer.Consuming() {
+		if !ingest.Consuming() {
 			checks["rabbitmq"] = "not consuming"
 			status = http.StatusServiceUnavailable
 		}
