@@ -9,18 +9,27 @@ var version string
 
 // buildName returns the name of this build, recorded with every handling
 // attempt (inbox_attempts.build) and exported as inboxd_build_info: the
-// link-time version, else the version Go stamped from version control, else
-// the commit, else "unknown".
+// link-time version, else what Go stamped into the binary (see
+// buildNameFrom).
 func buildName() string {
 	if version != "" {
 		return version
 	}
-	bi, ok := debug.ReadBuildInfo()
-	if !ok {
+	bi, _ := debug.ReadBuildInfo()
+	return buildNameFrom(bi)
+}
+
+// revisionLength is how much of a commit hash a build name keeps: as much as
+// git's short hashes in a large repository, and enough to be unique.
+const revisionLength = 12
+
+// buildNameFrom names the build bi describes: the commit it was built from
+// (vcs.revision, shortened, with "-dirty" when the tree had changes), else
+// the module's version unless it is "(devel)", else "unknown". bi may be
+// nil (a binary built without module support).
+func buildNameFrom(bi *debug.BuildInfo) string {
+	if bi == nil {
 		return "unknown"
-	}
-	if v := bi.Main.Version; v != "" && v != "(devel)" {
-		return v
 	}
 	var revision, modified string
 	for _, s := range bi.Settings {
@@ -31,14 +40,15 @@ func buildName() string {
 			modified = s.Value
 		}
 	}
-	if revision == "" {
-		return "unknown"
+	if revision != "" {
+		revision = revision[:min(len(revision), revisionLength)]
+		if modified == "true" {
+			revision += "-dirty"
+		}
+		return revision
 	}
-	if len(revision) > 12 {
-		revision = revision[:12]
+	if v := bi.Main.Version; v != "" && v != "(devel)" {
+		return v
 	}
-	if modified == "true" {
-		revision += "+dirty"
-	}
-	return revision
+	return "unknown"
 }

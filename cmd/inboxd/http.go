@@ -19,6 +19,7 @@ import (
 
 	"github.com/orderconfirm/inboxd/internal/ingest"
 	"github.com/orderconfirm/inboxd/internal/outbox"
+	"github.com/orderconfirm/inboxd/internal/startstop"
 )
 
 // The HTTP server's timeouts, so that a client that opens connections and
@@ -88,7 +89,7 @@ func (c *postgresCheck) check(ctx context.Context) error {
 // reach PostgreSQL through readyPool, is consuming from RabbitMQ and its
 // relay is connected), /metrics (Prometheus) and the status page at / when
 // statusPage is not nil.
-func newHTTPHandler(readyPool *pgxpool.Pool, consumer *ingest.Ingest, relay *outbox.Relay, registry *prometheus.Registry, statusPage http.Handler) http.Handler {
+func newHTTPHandler(readyPool *pgxpool.Pool, ingest *ingest.Ingest, relay *outbox.Relay, registry *prometheus.Registry, statusPage http.Handler) http.Handler {
 	mux := http.NewServeMux()
 	if statusPage != nil {
 		// Any method, so that the page answers 405 itself to other methods
@@ -111,7 +112,7 @@ func newHTTPHandler(readyPool *pgxpool.Pool, consumer *ingest.Ingest, relay *out
 			checks["postgres"] = "unreachable"
 			status = http.StatusServiceUnavailable
 		}
-		if !consumer.Consuming() {
+		if !ingest.Consuming() {
 			checks["rabbitmq"] = "not consuming"
 			status = http.StatusServiceUnavailable
 		}
@@ -170,6 +171,24 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(v)
+}
+
+// httpServices returns the HTTP endpoint, serving h on HTTP_ADDR, and the
+// services to start with it: the endpoint itself and, only when
+// INBOX_PPROF_ADDR is set, the profiler, on a listener of its own.
+func httpServices(cfg *config, logger *slog.Logger, h http.Handler) (*httpService, []startstop.Startable) {
+	endpoint := &httpService{
+		setting: "HTTP_ADDR", addr: cfg.httpAddr, graceful: true, logger: logger, failed: "HTTP server failed",
+		server: newHTTPServer(h, HTTPWriteTimeout),
+	}
+	services := []startstop.Startable{endpoint}
+	if cfg.pprofAddr != "" {
+		services = append(services, &httpService{
+			setting: "INBOX_PPROF_ADDR", addr: cfg.pprofAddr, logger: logger, failed: "profiler's HTTP server failed",
+			server: newHTTPServer(newPprofHandler(), PprofWriteTimeout),
+		})
+	}
+	return endpoint, services
 }
 
 // httpService runs server as a service: Start listens on addr and serves in

@@ -1,0 +1,133 @@
+package main
+
+import (
+	"context"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/orderconfirm/inboxd/internal/pipeline"
+	"github.com/orderconfirm/inboxd/internal/statuspage"
+)
+
+// pools are serve's PostgreSQL connection pools, one for each kind of work,
+// so that none can starve another of connections: a flood of probes or
+// status-page views never takes a connection from ingest or the workers,
+// nor ingest from the workers.
+type pools struct {
+	// ingest stores the deliveries (ingestPoolSize).
+	ingest *pgxpool.Pool
+	// worker claims and handles the inbox (workerPoolSize).
+	worker *pgxpool.Pool
+	// relay is shared by the outbox relay, the janitor and the scrapes of
+	// the gauges read from the database (relayPoolSize): none of them is
+	// on the path of ingest or the workers.
+	relay *pgxpool.Pool
+	// status serves the status page; nil when it is off.
+	status *pgxpool.Pool
+	// ready pings for /readyz (readyPoolSize).
+	ready *pgxpool.Pool
+}
+
+// ingestPoolSize: ingest stores one batch at a time, and records the
+// conflicts of a batch after it.
+const ingestPoolSize = 2
+
+// workerPoolSize is one connection for each batch in flight (INBOX_WORKERS,
+// each in its own transaction) and one for the takeover of unfinished
+// messages, which runs beside them.
+func workerPoolSize(workers int) int { return workers + 1 }
+
+// relayPoolSize: the relay holds one connection, for the transaction of the
+// batch it is publishing; the janitor deletes one short statement at a
+// time; the scrapes of the gauges take the rest.
+const relayPoolSize = 4
+
+// readyPoolSize: /readyz pings once at a time at most (postgresCheck), the
+// other probes wait for its answer.
+const readyPoolSize = 1
+
+// poolSizes is the number of connections of each of serve's pools, as in
+// pools; 0 for a pool serve does not open.
+type poolSizes struct{ ingest, worker, relay, status, ready int }
+
+// poolSizesFor returns the sizes of the pools serve opens for cfg.
+func poolSizesFor(cfg *config) poolSizes {
+	s := poolSizes{
+		ingest: ingestPoolSize,
+		worker: workerPoolSize(cfg.workers),
+		relay:  relayPoolSize,
+		ready:  readyPoolSize,
+	}
+	if cfg.statusPage {
+		s.status = statuspage.PoolSizeDefault
+	}
+	return s
+}
+
+// openPools opens the pools of poolSizesFor(cfg). Opening connects to
+// nothing yet: each pool connects when first used.
+func openPools(ctx context.Context, cfg *config) (*pools, error) {
+	sizes := poolSizesFor(cfg)
+	ps := &pools{}
+	for _, p := range []struct {
+		pool *(*pgxpool.Pool)
+		name string
+		size int
+	}{
+		{&ps.ingest, "ingest", sizes.ingest},
+		{&ps.worker, "worker", sizes.worker},
+		{&ps.relay, "relay", sizes.relay},
+		{&ps.status, "status", sizes.status},
+		{&ps.ready, "ready", sizes.ready},
+	} {
+		if p.size == 0 {
+			continue
+		}
+		pool, err := newPool(ctx, cfg, p.name, p.size)
+		if err != nil {
+			ps.close()
+			return nil, err
+		}
+		*p.pool = pool
+	}
+	return ps, nil
+}
+
+// attach gives the pipeline's services their pools.
+func (ps *pools) attach(pc *pipeline.Config) {
+	pc.IngestPool = ps.ingest
+	pc.WorkerPool = ps.worker
+	pc.RelayPool = ps.relay
+	pc.JanitorPool = ps.relay
+}
+
+// measured returns the pools whose statistics the metrics export, by the
+// name of their pool label.
+func (ps *pools) measured() map[string]*pgxpool.Pool {
+	return map[string]*pgxpool.Pool{"ingest": ps.ingest, "worker": ps.worker, "relay": ps.relay}
+}
+
+// close closes the pools that are open, the last opened first.
+func (ps *pools) close() {
+	for _, pool := range []*pgxpool.Pool{ps.ready, ps.status, ps.relay, ps.worker, ps.ingest} {
+		if pool != nil {
+			closePool(pool)
+		}
+	}
+}
+
+// closePool closes pool, giving up after a second: a connection held by work
+// that was left behind after the grace period (see startstop.AbandonAfter)
+// never comes back, and pgxpool's Close waits for every one.
+func closePool(pool *pgxpool.Pool) {
+	closed := make(chan struct{})
+	go func() {
+		pool.Close()
+		close(closed)
+	}()
+	select {
+	case <-closed:
+	case <-time.After(time.Second):
+	}
+}
