@@ -188,7 +188,7 @@ func newPool(ctx context.Context, cfg *config, name string, maxConns int) (*pgxp
 	// closing the connection. Not for the LISTEN and lock sessions, which
 	// wait idle: an idle backend ignores a cancel, and they would notice
 	// their context only after the handler's 5-second deadline.
-	pc.ConnConfig.BuildContextWatcherHandler = inbox.CancelQueryOnContextEnd
+	pc.ConnConfig.BuildContextWatcherHandler = pipeline.CancelQueryOnContextEnd
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		return nil, fmt.Errorf("create %s pool: %w", name, err)

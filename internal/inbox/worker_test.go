@@ -14,6 +14,7 @@ import (
 
 	"github.com/orderconfirm/inboxd/internal/dbsqlc"
 	"github.com/orderconfirm/inboxd/internal/inbox"
+	"github.com/orderconfirm/inboxd/internal/pipeline"
 	"github.com/orderconfirm/inboxd/internal/testenv"
 )
 
@@ -566,7 +567,7 @@ func TestWorkerHandlerStuckInAQuery(t *testing.T) {
 	insertMessages(t, b.db.Pool, 5)
 	cfg, err := pgxpool.ParseConfig(b.db.URL)
 	require.NoError(t, err)
-	cfg.ConnConfig.BuildContextWatcherHandler = inbox.CancelQueryOnContextEnd // as inboxd configures its pools
+	cfg.ConnConfig.BuildContextWatcherHandler = pipeline.CancelQueryOnContextEnd // as inboxd configures its pools
 
 	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
 	require.NoError(t, err)

@@ -1,6 +1,12 @@
 package pipeline
 
-import "github.com/jackc/pgx/v5"
+import (
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
+)
 
 // ConfigureSession sets up a connection config for the sessions that run
 // the pipeline's statements. It keeps the plans of the claims and the batch
@@ -27,4 +33,19 @@ import "github.com/jackc/pgx/v5"
 func ConfigureSession(cc *pgx.ConnConfig) {
 	cc.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
 	cc.RuntimeParams["enable_bitmapscan"] = "off"
+}
+
+// CancelQueryOnContextEnd is a pgconn.Config.BuildContextWatcherHandler
+// that answers a context ending inside a query by cancelling the query on
+// the server, instead of closing the connection as pgx does by default: the
+// transaction stays usable, so a batch whose handler ran out of time rolls
+// back to its savepoint and goes on with its other messages. A query that
+// ignores the cancel for 5 seconds closes the connection after all.
+//
+// It is for the pools, and not part of ConfigureSession: the sessions that
+// wait idle (LISTEN, the advisory-lock sessions) are made from the same
+// configured config, and an idle backend ignores a cancel, so they would
+// notice their context only after the 5-second delay.
+func CancelQueryOnContextEnd(conn *pgconn.PgConn) ctxwatch.Handler {
+	return &pgconn.CancelRequestContextWatcherHandler{Conn: conn, DeadlineDelay: 5 * time.Second}
 }

@@ -1,0 +1,198 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/orderconfirm/inboxd/internal/dbsqlc"
+	"github.com/orderconfirm/inboxd/internal/retry"
+	"github.com/orderconfirm/inboxd/internal/tracing"
+)
+
+// claimed is one message of a work batch, from its lock to what is
+// recorded of it. Its process span is the message's (see Message.Context).
+type claimed struct {
+	msg Message
+	// givenUp is true for a message that has used up its attempts without
+	// ever finishing one: it is recorded dead without running.
+	givenUp bool
+	// outcome is what the handler said, unless givenUp.
+	outcome Outcome
+	// decision is set once the batch's handling is over.
+	decision decision
+}
+
+// outcomeWaiting is the status InboxCompleteMany takes for a message that
+// waits (see Wait): pending again, the attempt given back.
+const outcomeWaiting = "waiting"
+
+// decision is what becomes of a handled message: the status recorded
+// (StatusProcessed, StatusDead, StatusPending for a retry, or
+// outcomeWaiting), its result or error text, and the delay before a retry
+// or after a wait.
+type decision struct {
+	status, result, lastError string
+	delay                     time.Duration
+}
+
+// decide turns a claimed message's outcome into its decision under cfg's
+// attempts and backoff. It is pure: the outcome statement stores the
+// decision, and the stats, spans and logs read it.
+func decide(cfg *WorkerConfig, c *claimed) decision {
+	m, out := c.msg, c.outcome
+	var wait *waitError
+	var ra *retryAfterError
+	switch {
+	case c.givenUp:
+		// Not handled at all: its earlier attempts never finished.
+		return decision{status: StatusDead, lastError: fmt.Sprintf(
+			"gave up after %d attempts: the last ones never finished (the process died, or lost its database connection, while handling the message)",
+			m.Attempt-1)}
+	case out.Err == nil:
+		return decision{status: StatusProcessed, result: storable(out.Result)}
+	case errors.As(out.Err, &wait):
+		return decision{status: outcomeWaiting, lastError: storable("waiting: " + out.Err.Error()), delay: wait.after}
+	case IsLockNotAvailable(out.Err):
+		return decision{status: outcomeWaiting, lastError: storable("waiting: a row it needs is locked by another session: " + out.Err.Error()), delay: WaitDefault}
+	case errors.Is(out.Err, ErrPermanent), m.Attempt >= cfg.MaxAttempts:
+		return decision{status: StatusDead, lastError: storable(out.Err.Error())}
+	case errors.As(out.Err, &ra):
+		return decision{status: StatusPending, lastError: storable(out.Err.Error()), delay: ra.after}
+	default:
+		return decision{status: StatusPending, lastError: storable(out.Err.Error()),
+			delay: retry.Backoff(m.Attempt, cfg.RetryBase, cfg.RetryMax)}
+	}
+}
+
+// IsLockNotAvailable reports whether err is PostgreSQL's lock_timeout (or a
+// NOWAIT lock) giving up: SQLSTATE 55P03.
+func IsLockNotAvailable(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
+}
+
+// storable makes a handler's result or error text safe for a text column
+// (valid UTF-8, no NUL), so that no message text can fail the statement that
+// records a whole batch, and bounds its length.
+func storable(s string) string {
+	s = strings.ToValidUTF8(strings.ReplaceAll(s, "\x00", ""), "\uFFFD")
+	if len(s) > 4096 {
+		s = strings.ToValidUTF8(s[:4096], "") + "…"
+	}
+	return s
+}
+
+// complete records every message's decision in one statement, and logs
+// those that did not end processed.
+func (w *Worker) complete(ctx context.Context, tx pgx.Tx, batch []claimed) error {
+	p := dbsqlc.InboxCompleteManyParams{
+		Process:       w.cfg.Process,
+		Build:         w.cfg.Build,
+		Ids:           make([]int64, len(batch)),
+		Statuses:      make([]string, len(batch)),
+		Results:       make([]string, len(batch)),
+		LastErrors:    make([]string, len(batch)),
+		RetryDelaysMs: make([]int64, len(batch)),
+	}
+	for i, c := range batch {
+		d := c.decision
+		p.Ids[i], p.Statuses[i], p.Results[i], p.LastErrors[i] = c.msg.ID, d.status, d.result, d.lastError
+		p.RetryDelaysMs[i] = d.delay.Milliseconds()
+		w.logDecision(ctx, c)
+	}
+	if err := w.queries.InboxCompleteMany(ctx, tx, p); err != nil {
+		return fmt.Errorf("record outcomes: %w", err)
+	}
+	return nil
+}
+
+func (w *Worker) logDecision(ctx context.Context, c claimed) {
+	m, d := c.msg, c.decision
+	mctx := m.Context(ctx)
+	switch d.status {
+	case StatusDead:
+		w.logger.WarnContext(mctx, "message dead", slog.String("message_id", m.MessageID),
+			slog.String("message_type", m.Type), slog.Int("attempt", m.Attempt), slog.String("error", d.lastError))
+	case StatusPending:
+		w.logger.InfoContext(mctx, "message will be retried", slog.String("message_id", m.MessageID),
+			slog.Int("attempt", m.Attempt), slog.Duration("retry_in", d.delay), slog.String("error", d.lastError))
+	case outcomeWaiting:
+		w.logger.InfoContext(mctx, "message waits, its attempt not counted", slog.String("message_id", m.MessageID),
+			slog.Duration("retry_in", d.delay), slog.String("reason", d.lastError))
+	}
+}
+
+// endProcessSpans ends the process span of every claimed message: with its
+// recorded decision when the batch committed (workErr is nil), else as
+// abandoned with workErr.
+func endProcessSpans(batch []claimed, workErr error) {
+	for _, c := range batch {
+		if workErr != nil {
+			tracing.EndProcess(c.msg.span, "abandoned", workErr)
+			continue
+		}
+		var err error
+		if c.decision.lastError != "" {
+			err = errors.New(c.decision.lastError)
+		}
+		tracing.EndProcess(c.msg.span, spanOutcome(c.decision.status), err)
+	}
+}
+
+// spanOutcome names a decision's status in the process span.
+func spanOutcome(status string) string {
+	switch status {
+	case StatusPending:
+		return "retried"
+	case outcomeWaiting:
+		return "waiting"
+	}
+	return status
+}
+
+// BatchStats describes one committed work batch.
+type BatchStats struct {
+	// Processed, Retried and Dead count the messages by outcome, Waiting
+	// those that wait without an attempt counted (see Wait); Replays counts
+	// the replayed messages among them.
+	Processed, Retried, Dead, Waiting, Replays int
+	// HandlerDuration is how long the handler took for the batch.
+	HandlerDuration time.Duration
+	// Latencies holds, for each processed message, the time from its
+	// arrival in the inbox to the commit.
+	Latencies []time.Duration
+	// TraceIDs holds, for each of Latencies, the trace id of the message's
+	// process span when that trace is sampled (exported), else "".
+	TraceIDs []string
+}
+
+func batchStats(batch []claimed, handlerDuration time.Duration) BatchStats {
+	st := BatchStats{HandlerDuration: handlerDuration}
+	now := time.Now()
+	for _, c := range batch {
+		m := c.msg
+		switch c.decision.status {
+		case StatusProcessed:
+			st.Processed++
+			st.Latencies = append(st.Latencies, now.Sub(m.ReceivedAt))
+			st.TraceIDs = append(st.TraceIDs, tracing.SampledTraceID(m.Context(context.Background())))
+		case StatusDead:
+			st.Dead++
+		case outcomeWaiting:
+			st.Waiting++
+		default:
+			st.Retried++
+		}
+		if m.Replay {
+			st.Replays++
+		}
+	}
+	return st
+}

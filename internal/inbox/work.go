@@ -1,0 +1,243 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/orderconfirm/inboxd/internal/dbsqlc"
+	"github.com/orderconfirm/inboxd/internal/tracing"
+)
+
+// claims names claimed rows: each by its id and the claimed_at its claim
+// set, so that a claim taken over by another worker is told apart.
+type claims = dbsqlc.InboxLockClaimedParams
+
+// claimsOf names the rows a claim statement returned.
+func claimsOf[R dbsqlc.InboxClaimBatchRow | dbsqlc.InboxClaimUnfinishedRow](rows []R) claims {
+	var c claims
+	for _, r := range rows {
+		row := dbsqlc.InboxClaimBatchRow(r)
+		c.Ids, c.ClaimedAts = append(c.Ids, row.ID), append(c.ClaimedAts, row.ClaimedAt)
+	}
+	return c
+}
+
+// sourceQueue is where the inbox's messages were read from, named in each
+// process span: the queue ingest consumes, broker.QueueInbox (the tracing
+// tests hold the two equal), written out so that the worker does not
+// depend on the broker.
+const sourceQueue = "order-confirmation.inbox"
+
+// work locks the claimed rows, handles them and records the outcomes, all in
+// one transaction.
+func (w *Worker) work(ctx context.Context, c claims) error {
+	if len(c.Ids) == 0 {
+		return nil
+	}
+	tx, err := w.pool.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("begin work transaction: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+
+	rows, err := w.queries.InboxLockClaimed(ctx, tx, c)
+	if err != nil {
+		return fmt.Errorf("lock claimed messages: %w", err)
+	}
+	if len(rows) == 0 {
+		return nil
+	}
+	batch := w.claimedBatch(ctx, rows)
+	handlerDuration, err := w.finish(ctx, tx, batch)
+	if err == nil && w.cfg.Observe != nil {
+		w.cfg.Observe(batchStats(batch, handlerDuration))
+	}
+	// Every message's process span ends once its outcome is known: after
+	// the commit, or with the error that abandoned the batch.
+	endProcessSpans(batch, err)
+	return err
+}
+
+// claimedBatch makes a claimed message of each locked row, its process span
+// started: first those to handle, in the order of rows, then those given up.
+func (w *Worker) claimedBatch(ctx context.Context, rows []dbsqlc.InboxLockClaimedRow) []claimed {
+	var handled, givenUp []claimed
+	for _, r := range rows {
+		c := claimed{msg: Message{
+			ID:         r.ID,
+			MessageID:  r.MessageID,
+			Type:       r.MessageType,
+			Payload:    r.Payload,
+			Attempt:    int(r.Attempts),
+			ReceivedAt: r.ReceivedAt,
+			Replay:     r.ReplayRequested,
+		}}
+		m := &c.msg
+		_, m.span = w.cfg.Tracer.StartProcess(ctx, sourceQueue, tracing.Message{
+			ID: m.MessageID, Type: m.Type, Attempt: m.Attempt, Replay: m.Replay,
+			Origin: tracing.Text{Traceparent: r.Traceparent, Tracestate: r.Tracestate},
+		})
+		c.givenUp = m.Attempt > w.cfg.MaxAttempts
+		if c.givenUp {
+			givenUp = append(givenUp, c)
+		} else {
+			handled = append(handled, c)
+		}
+	}
+	return append(handled, givenUp...)
+}
+
+// finish runs the handler on the batch's messages, decides and records
+// each one's outcome and commits. It returns how long the handler took.
+func (w *Worker) finish(ctx context.Context, tx pgx.Tx, batch []claimed) (time.Duration, error) {
+	started := time.Now()
+	if err := w.handleClaimed(ctx, tx, batch); err != nil {
+		return 0, err
+	}
+	handlerDuration := time.Since(started)
+	for i := range batch {
+		batch[i].decision = decide(w.cfg, &batch[i])
+	}
+	if err := w.complete(ctx, tx, batch); err != nil {
+		return 0, err
+	}
+	// Commit even when ctx was cancelled during a graceful stop: the work is done.
+	if err := tx.Commit(context.WithoutCancel(ctx)); err != nil {
+		// The outcome of a failed COMMIT may be unknown. Nothing is redone
+		// here: if it did not commit, the rows are claimed again once their
+		// lease ends, and the domain's unique keys make a second run safe.
+		return 0, fmt.Errorf("commit work batch: %w", err)
+	}
+	return handlerDuration, nil
+}
+
+// handleClaimed runs the handler on the messages of batch that are not
+// given up, and sets their outcomes.
+func (w *Worker) handleClaimed(ctx context.Context, tx pgx.Tx, batch []claimed) error {
+	var msgs []Message
+	var at []int // at[i] is msgs[i]'s place in batch
+	for i, c := range batch {
+		if !c.givenUp {
+			msgs, at = append(msgs, c.msg), append(at, i)
+		}
+	}
+	if len(msgs) == 0 {
+		return nil
+	}
+	outcomes, err := w.handle(ctx, tx, msgs)
+	if err != nil {
+		return err
+	}
+	for i, out := range outcomes {
+		batch[at[i]].outcome = out
+	}
+	return nil
+}
+
+// handle runs the handler on the whole batch under a savepoint; if that
+// fails it runs it on each message alone, each under its own savepoint.
+// HandlerTimeout bounds it all: the batch gets half of it (all of it for a
+// single message), and the messages handled alone share what is left, each
+// getting an equal part of the time that remains for those still to come
+// (and at least an eighth of HandlerTimeout, or a second).
+// So a message stuck in a query uses up its own part only; the others are
+// handled, and a message whose turn comes after the deadline waits (see
+// Wait) instead of losing an attempt. A context that ends inside a query
+// cancels the query (the pools are configured so), which keeps the
+// transaction usable: the savepoint rolls it back.
+func (w *Worker) handle(ctx context.Context, tx pgx.Tx, msgs []Message) ([]Outcome, error) {
+	deadline := time.Now().Add(w.cfg.HandlerTimeout)
+	batchTimeout := w.cfg.HandlerTimeout
+	if len(msgs) > 1 {
+		batchTimeout /= 2
+	}
+	outcomes, batchErr := w.handleUnderSavepoint(ctx, tx, msgs, time.Now().Add(batchTimeout))
+	switch {
+	case batchErr == nil:
+		return outcomes, nil
+	case errors.Is(batchErr, errTxBroken):
+		return nil, batchErr
+	case len(msgs) == 1:
+		return []Outcome{{Err: batchErr}}, nil
+	}
+	w.logger.Warn("batch handler failed, handling messages one by one",
+		slog.Int("batch_size", len(msgs)), slog.String("error", batchErr.Error()))
+	return w.handleEach(ctx, tx, msgs, deadline)
+}
+
+// handleEach runs the handler on each message alone, under a savepoint of
+// its own, sharing the time left until deadline (see handle).
+func (w *Worker) handleEach(ctx context.Context, tx pgx.Tx, msgs []Message, deadline time.Time) ([]Outcome, error) {
+	outcomes := make([]Outcome, len(msgs))
+	// A message that runs out of its share has failed an attempt, so every
+	// share is at least minShare (past the handler's lock waits); a message
+	// whose turn leaves less waits instead.
+	minShare := min(w.cfg.HandlerTimeout/8, time.Second)
+	for i := range msgs {
+		left := time.Until(deadline)
+		share := max(left/time.Duration(len(msgs)-i), minShare)
+		if share > left || ctx.Err() != nil {
+			outcomes[i] = Outcome{Err: Wait(0, fmt.Errorf("not handled: the batch's handler timeout (%s) passed before its turn", w.cfg.HandlerTimeout))}
+			continue
+		}
+		out, err := w.handleUnderSavepoint(ctx, tx, msgs[i:i+1], time.Now().Add(share))
+		if errors.Is(err, errTxBroken) {
+			return nil, err
+		}
+		if err != nil {
+			outcomes[i] = Outcome{Err: err}
+			continue
+		}
+		outcomes[i] = out[0]
+	}
+	return outcomes, nil
+}
+
+// errTxBroken means the claiming transaction itself can no longer be used
+// (a savepoint could not be created or rolled back): the batch is abandoned
+// and its rows stay pending.
+var errTxBroken = errors.New("claim transaction broken")
+
+func (w *Worker) handleUnderSavepoint(ctx context.Context, tx pgx.Tx, msgs []Message, deadline time.Time) ([]Outcome, error) {
+	sp, err := tx.Begin(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("%w: create savepoint: %w", errTxBroken, err)
+	}
+	outcomes, err := w.callHandler(ctx, sp, msgs, deadline)
+	if err == nil && len(outcomes) != len(msgs) {
+		err = fmt.Errorf("handler returned %d outcomes for %d messages", len(outcomes), len(msgs))
+	}
+	if err != nil {
+		if rbErr := sp.Rollback(context.WithoutCancel(ctx)); rbErr != nil {
+			return nil, fmt.Errorf("%w: roll back savepoint after %w: %w", errTxBroken, err, rbErr)
+		}
+		return nil, err
+	}
+	if err := sp.Commit(ctx); err != nil {
+		return nil, fmt.Errorf("%w: release savepoint: %w", errTxBroken, err)
+	}
+	return outcomes, nil
+}
+
+// callHandler runs the handler until deadline and turns a panic into an
+// error.
+func (w *Worker) callHandler(ctx context.Context, tx pgx.Tx, msgs []Message, deadline time.Time) (outcomes []Outcome, err error) {
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	if len(msgs) == 1 {
+		ctx = msgs[0].Context(ctx) // a batch of one runs in its message's span
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			w.logger.ErrorContext(ctx, "handler panicked", slog.Any("panic", r), slog.String("stack", string(debug.Stack())))
+			outcomes, err = nil, fmt.Errorf("handler panicked: %v", r)
+		}
+	}()
+	return w.cfg.Handler.HandleBatch(ctx, tx, msgs)
+}
