@@ -26,23 +26,39 @@ ON CONFLICT (idempotency_key) DO NOTHING;
 -- written once by the relay, not claimed and then marked.
 --
 -- A row is taken only when every earlier unpublished row of its order is
--- taken with it: one locked by another relay, or waiting for a retry,
+-- taken with it: one locked by another relay, waiting for a retry, or dead,
 -- holds back the order's later rows. With the batch published in id order,
 -- the events of one order leave in the order they were written, whatever
 -- the number of relays. RETURNING's order is not the id order: the caller
 -- sorts.
 --
+-- The rows held back by an earlier row that cannot be taken now (waiting
+-- for a retry, dead, or under a lease) are left out before the LIMIT, so
+-- that however many of them sit at the head of the outbox, a batch is
+-- filled with rows that can go; the rows held back by one another relay is
+-- publishing are left out after it, and are at most that relay's batch.
+--
 -- claimed_at is set only by releases before this one, which claimed rows in
 -- a transaction of their own; such a claim is respected for lease_ms.
 WITH candidate AS (
-    SELECT id, order_key
-    FROM outbox
-    WHERE published_at IS NULL
-      AND (claimed_at IS NULL OR claimed_at < now() - sqlc.arg(lease_ms)::bigint * interval '1 millisecond')
-      AND next_attempt_at <= now()
-    ORDER BY id
+    SELECT o.id, o.order_key
+    FROM outbox o
+    WHERE o.published_at IS NULL
+      AND o.dead_at IS NULL
+      AND (o.claimed_at IS NULL OR o.claimed_at < now() - sqlc.arg(lease_ms)::bigint * interval '1 millisecond')
+      AND o.next_attempt_at <= now()
+      AND (o.order_key IS NULL OR NOT EXISTS (
+          SELECT 1 FROM outbox w
+          WHERE w.order_key = o.order_key
+            AND w.id < o.id
+            AND w.published_at IS NULL
+            AND (w.dead_at IS NOT NULL
+                 OR w.next_attempt_at > now()
+                 OR w.claimed_at >= now() - sqlc.arg(lease_ms)::bigint * interval '1 millisecond')
+      ))
+    ORDER BY o.id
     LIMIT sqlc.arg(max_rows)
-    FOR UPDATE SKIP LOCKED
+    FOR UPDATE OF o SKIP LOCKED
 )
 UPDATE outbox
 SET attempts = outbox.attempts + 1,
@@ -64,9 +80,13 @@ RETURNING outbox.id, outbox.idempotency_key, outbox.routing_key, outbox.payload:
 
 -- name: OutboxRelease :exec
 -- OutboxRelease gives rows of the claiming transaction back after a failed
--- publish, unpublished, to be retried after retry_delay_ms.
+-- publish, unpublished, to be retried after retry_delay_ms. When refused
+-- (the broker or the client refused the publish for a reason that retrying
+-- will not change), a row that has had max_attempts attempts ends dead
+-- instead: it is not claimed again until an operator replays it.
 UPDATE outbox
 SET published_at = NULL,
     last_error = @last_error::text,
-    next_attempt_at = now() + sqlc.arg(retry_delay_ms)::bigint * interval '1 millisecond'
+    next_attempt_at = now() + sqlc.arg(retry_delay_ms)::bigint * interval '1 millisecond',
+    dead_at = CASE WHEN @refused::boolean AND attempts >= @max_attempts::integer THEN statement_timestamp() END
 WHERE id = ANY(@ids::bigint[]);

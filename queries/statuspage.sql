@@ -25,7 +25,8 @@ FROM inbox_overview;
 -- StatusPageOutboxBacklog reads outbox_backlog, its oldest age in seconds.
 SELECT unpublished,
        failing,
-       coalesce(extract(epoch FROM oldest_age), 0)::float8 AS oldest_seconds
+       coalesce(extract(epoch FROM oldest_age), 0)::float8 AS oldest_seconds,
+       dead
 FROM outbox_backlog;
 
 -- name: StatusPageThroughput :many

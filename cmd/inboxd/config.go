@@ -62,6 +62,7 @@ type config struct {
 	retryMax         time.Duration
 	claimLease       time.Duration
 	relayBatchSize   int
+	relayMaxAttempts int
 	relayLease       time.Duration
 	statementTimeout time.Duration
 	lockTimeout      time.Duration
@@ -123,6 +124,7 @@ func (c *config) settings() []setting {
 		{name: "INBOX_RETRY_BASE", def: durationString(retry.BaseDefault), doc: "delay before the first retry; doubled per attempt, with jitter", apply: durationVar(&c.retryBase, time.Millisecond)},
 		{name: "INBOX_RETRY_MAX", def: durationString(retry.MaxDefault), doc: "longest delay between retries", apply: durationVar(&c.retryMax, time.Millisecond)},
 		{name: "INBOX_CLAIM_LEASE", def: durationString(inbox.ClaimLeaseDefault), doc: "how long other workers leave a claimed message alone when its process's liveness is unknown (a claim of an earlier build, or taken while its liveness session was down); the claims of a process whose database sessions have ended (it died) are taken over at once", apply: durationVar(&c.claimLease, 10*time.Millisecond)},
+		{name: "INBOX_RELAY_MAX_ATTEMPTS", def: strconv.Itoa(outbox.MaxAttemptsDefault), doc: "attempts after which an outbox row the relay cannot send (an id or routing key no AMQP short string holds) is dead, holding back its order's later events until replayed; failures retrying may cure never end a row", apply: intVar(&c.relayMaxAttempts, 1, 1000)},
 		{name: "INBOX_RELAY_BATCH_SIZE", def: strconv.Itoa(outbox.BatchSizeDefault), doc: "most outbox rows published at once", apply: intVar(&c.relayBatchSize, 1, 10000)},
 		{name: "INBOX_RELAY_LEASE", def: durationString(outbox.LeaseDefault), doc: "how long a claim on outbox rows left by an earlier build's relay is respected (this build holds rows by a lock that ends with the relay's connection, or with `INBOX_IDLE_IN_TX_TIMEOUT` if the relay hangs; they are then published again, under the same ids)", apply: durationVar(&c.relayLease, time.Second)},
 		{name: "INBOX_STATEMENT_TIMEOUT", def: "30s", doc: "PostgreSQL statement_timeout of every connection", apply: durationVar(&c.statementTimeout, time.Millisecond)},

@@ -96,6 +96,7 @@ func relayConfig(cfg *config, d pipelineDeps) *outbox.RelayConfig {
 		ConnectionName: "inboxd relay " + d.process,
 		QueueType:      cfg.queueType,
 		BatchSize:      cfg.relayBatchSize,
+		MaxAttempts:    cfg.relayMaxAttempts,
 		PollInterval:   cfg.pollInterval,
 		Lease:          cfg.relayLease,
 		RetryBase:      cfg.retryBase,

@@ -16,7 +16,8 @@ SELECT
     (SELECT count(*) FROM inbox WHERE status = 'dead')::bigint AS dead,
     coalesce((SELECT extract(epoch FROM now() - i.received_at)
               FROM inbox i WHERE i.status = 'pending' ORDER BY i.id LIMIT 1), 0)::float8 AS oldest_pending_seconds,
-    (SELECT count(*) FROM outbox WHERE published_at IS NULL)::bigint AS outbox_backlog
+    (SELECT count(*) FROM outbox WHERE published_at IS NULL)::bigint AS outbox_backlog,
+    (SELECT count(*) FROM outbox WHERE published_at IS NULL AND dead_at IS NOT NULL)::bigint AS outbox_dead
 `
 
 type MetricsGaugesRow struct {
@@ -24,6 +25,7 @@ type MetricsGaugesRow struct {
 	Dead                 int64
 	OldestPendingSeconds float64
 	OutboxBacklog        int64
+	OutboxDead           int64
 }
 
 // Named after its caller, internal/metrics: its gauges read the inbox and the outbox together, and its lock is no table's.
@@ -37,6 +39,7 @@ func (q *Queries) MetricsGauges(ctx context.Context, db DBTX) (MetricsGaugesRow,
 		&i.Dead,
 		&i.OldestPendingSeconds,
 		&i.OutboxBacklog,
+		&i.OutboxDead,
 	)
 	return i, err
 }

@@ -144,20 +144,26 @@ type OrderConfirmation struct {
 }
 
 type Outbox struct {
-	ID             int64
-	IdempotencyKey string
-	RoutingKey     string
-	Payload        []byte
-	MessageID      string
-	CreatedAt      time.Time
-	PublishedAt    *time.Time
-	Attempts       int32
-	ClaimedAt      *time.Time
-	NextAttemptAt  time.Time
-	LastError      pgtype.Text
-	OrderKey       pgtype.Text
-	Traceparent    pgtype.Text
-	Tracestate     pgtype.Text
+	ID              int64
+	IdempotencyKey  string
+	RoutingKey      string
+	Payload         []byte
+	MessageID       string
+	CreatedAt       time.Time
+	PublishedAt     *time.Time
+	Attempts        int32
+	ClaimedAt       *time.Time
+	NextAttemptAt   time.Time
+	LastError       pgtype.Text
+	OrderKey        pgtype.Text
+	Traceparent     pgtype.Text
+	Tracestate      pgtype.Text
+	DeadAt          *time.Time
+	ReplayRequested bool
+	ReplayCount     int32
+	ReplayedAt      *time.Time
+	ReplayedBy      pgtype.Text
+	ReplayReason    pgtype.Text
 }
 
 type OutboxBacklog struct {
@@ -165,6 +171,22 @@ type OutboxBacklog struct {
 	Failing         int64
 	OldestCreatedAt interface{}
 	OldestAge       int32
+	Dead            int64
+}
+
+type OutboxDead struct {
+	ID             int64
+	IdempotencyKey string
+	RoutingKey     string
+	OrderKey       pgtype.Text
+	MessageID      string
+	Attempts       int32
+	LastError      pgtype.Text
+	CreatedAt      time.Time
+	DeadAt         *time.Time
+	ReplayCount    int32
+	HoldsBack      int64
+	ReplaySql      string
 }
 
 type Stock struct {

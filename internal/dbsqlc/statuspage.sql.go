@@ -408,7 +408,8 @@ func (q *Queries) StatusPageMessageAttempts(ctx context.Context, db DBTX, inboxI
 const statusPageOutboxBacklog = `-- name: StatusPageOutboxBacklog :one
 SELECT unpublished,
        failing,
-       coalesce(extract(epoch FROM oldest_age), 0)::float8 AS oldest_seconds
+       coalesce(extract(epoch FROM oldest_age), 0)::float8 AS oldest_seconds,
+       dead
 FROM outbox_backlog
 `
 
@@ -416,13 +417,19 @@ type StatusPageOutboxBacklogRow struct {
 	Unpublished   int64
 	Failing       int64
 	OldestSeconds float64
+	Dead          int64
 }
 
 // StatusPageOutboxBacklog reads outbox_backlog, its oldest age in seconds.
 func (q *Queries) StatusPageOutboxBacklog(ctx context.Context, db DBTX) (StatusPageOutboxBacklogRow, error) {
 	row := db.QueryRow(ctx, statusPageOutboxBacklog)
 	var i StatusPageOutboxBacklogRow
-	err := row.Scan(&i.Unpublished, &i.Failing, &i.OldestSeconds)
+	err := row.Scan(
+		&i.Unpublished,
+		&i.Failing,
+		&i.OldestSeconds,
+		&i.Dead,
+	)
 	return i, err
 }
 

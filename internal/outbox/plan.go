@@ -2,9 +2,11 @@ package outbox
 
 import (
 	"cmp"
+	"fmt"
 	"slices"
 
 	"github.com/orderconfirm/inboxd/internal/dbsqlc"
+	"github.com/orderconfirm/inboxd/internal/msgid"
 	"github.com/orderconfirm/inboxd/internal/tracing"
 )
 
@@ -20,9 +22,27 @@ type claimedRow struct {
 	// confirmed is set once the broker has confirmed the publish and not
 	// returned it.
 	confirmed bool
-	// reason says why the broker did not take the row, when it said so (a
-	// return); empty otherwise.
+	// reason says why the row was not published, when the broker said so (a
+	// return) or the relay refused to send it; empty otherwise.
 	reason string
+	// refused is set when the row was not sent because it cannot be: a
+	// reason that retrying does not change (see refusal).
+	refused bool
+}
+
+// refusal says why the row cannot be published as it is, whatever the
+// broker's state: an id or routing key that does not fit an AMQP short
+// string, which the client would refuse after closing the connection. Rows
+// the handler writes always fit (msgid.EventID); rows written by an earlier
+// build or by hand may not. It returns "" for a row that can be sent.
+func (c *claimedRow) refusal() string {
+	if err := msgid.Check(c.IdempotencyKey); err != nil {
+		return fmt.Sprintf("refused: the event id cannot be sent as an AMQP message_id: %v", err)
+	}
+	if len(c.RoutingKey) > msgid.MaxBytes {
+		return fmt.Sprintf("refused: the routing key is longer than %d bytes", msgid.MaxBytes)
+	}
+	return ""
 }
 
 // heldBack reports whether the row must not be published in this batch: an

@@ -92,6 +92,10 @@ func publishRound(workCtx, waitCtx context.Context, ch *amqp.Channel, returns <-
 	var sent []*claimedRow
 	var publishErr error
 	for _, row := range rows {
+		if row.reason = row.refusal(); row.reason != "" {
+			row.refused = true
+			continue
+		}
 		// Mandatory: an event that neither a binding nor the alternate
 		// exchange's queue takes comes back, and its row stays unpublished.
 		if publishErr = pub.Publish(workCtx, broker.ExchangeEvents, row.RoutingKey, true, row.publishing()); publishErr != nil {
@@ -134,6 +138,9 @@ func (c *claimedRow) publishing() amqp.Publishing {
 // outcome is what a published batch leaves to record.
 type outcome struct {
 	published, failed []int64
+	// refused are the rows not sent because they cannot be, each with its
+	// reason: given back apart, to end dead after MaxAttempts.
+	refused []*claimedRow
 	// attempts is the most attempts of a failed row: the failed rows are
 	// given back with the retry delay of that many.
 	attempts int
@@ -153,6 +160,10 @@ func outcomeOf(rows []*claimedRow, publishErr error) outcome {
 	for _, row := range rows {
 		if row.confirmed {
 			o.published = append(o.published, row.ID)
+			continue
+		}
+		if row.refused {
+			o.refused = append(o.refused, row)
 			continue
 		}
 		o.failed = append(o.failed, row.ID)
@@ -195,10 +206,19 @@ func (r *Relay) record(ctx, workCtx context.Context, tx pgx.Tx, ch *amqp.Channel
 func (r *Relay) commit(workCtx context.Context, tx pgx.Tx, o outcome) error {
 	ctx, cancel := context.WithTimeout(workCtx, recordTimeout)
 	defer cancel()
+	backoff := retry.Policy{Base: r.cfg.RetryBase, Max: r.cfg.RetryMax}
 	if len(o.failed) > 0 {
-		delay := retry.Policy{Base: r.cfg.RetryBase, Max: r.cfg.RetryMax}.Delay(o.attempts)
 		err := r.queries.OutboxRelease(ctx, tx, dbsqlc.OutboxReleaseParams{
-			Ids: o.failed, LastError: o.reason, RetryDelayMs: delay.Milliseconds(),
+			Ids: o.failed, LastError: o.reason, RetryDelayMs: backoff.Delay(o.attempts).Milliseconds(),
+		})
+		if err != nil {
+			return err
+		}
+	}
+	for _, row := range o.refused {
+		err := r.queries.OutboxRelease(ctx, tx, dbsqlc.OutboxReleaseParams{
+			Ids: []int64{row.ID}, LastError: row.reason, RetryDelayMs: backoff.Delay(int(row.Attempts)).Milliseconds(),
+			Refused: true, MaxAttempts: int32(r.cfg.MaxAttempts),
 		})
 		if err != nil {
 			return err

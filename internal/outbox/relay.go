@@ -30,6 +30,7 @@ const (
 	PollIntervalDefault   = time.Second
 	LeaseDefault          = 30 * time.Second
 	ConfirmTimeoutDefault = 10 * time.Second
+	MaxAttemptsDefault    = 5
 )
 
 // RelayConfig configures a Relay.
@@ -63,6 +64,12 @@ type RelayConfig struct {
 	// failed is tried again. Default to retry.BaseDefault and
 	// retry.MaxDefault (1 second and 5 minutes), as the inbox worker's.
 	RetryBase, RetryMax time.Duration
+	// MaxAttempts is how many attempts a row the relay refuses to send (see
+	// outbox_dead) gets before it ends dead, holding back the later rows of
+	// its order until an operator replays it. Failures that retrying may
+	// cure (the broker away, a missing confirm, a return) never end a row.
+	// Defaults to MaxAttemptsDefault (5).
+	MaxAttempts int
 	// Heartbeat is the AMQP heartbeat interval. Defaults to 10 seconds.
 	Heartbeat time.Duration
 	// OnPublished, when set, is told how many rows each batch published
@@ -86,12 +93,15 @@ func (c *RelayConfig) withDefaults() (*RelayConfig, error) {
 	out.RetryBase = cmp.Or(out.RetryBase, retry.BaseDefault)
 	out.RetryMax = cmp.Or(out.RetryMax, retry.MaxDefault)
 	out.Heartbeat = cmp.Or(out.Heartbeat, broker.HeartbeatDefault)
+	out.MaxAttempts = cmp.Or(out.MaxAttempts, MaxAttemptsDefault)
 	out.Tracer = cmp.Or(out.Tracer, tracing.PropagateOnly())
 	switch {
 	case out.URL == "":
 		return nil, errors.New("relay: URL is required")
 	case out.BatchSize < 1:
 		return nil, fmt.Errorf("relay: BatchSize must be at least 1, got %d", out.BatchSize)
+	case out.MaxAttempts < 1:
+		return nil, fmt.Errorf("relay: MaxAttempts must be at least 1, got %d", out.MaxAttempts)
 	case out.PollInterval <= 0, out.Lease <= 0, out.ConfirmTimeout <= 0, out.RetryBase <= 0, out.RetryMax < out.RetryBase, out.Heartbeat <= 0:
 		return nil, errors.New("relay: durations must be positive, RetryMax at least RetryBase")
 	}

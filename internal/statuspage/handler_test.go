@@ -212,6 +212,25 @@ func TestStatusPageRefusesIDsTheInboxCannotHold(t *testing.T) {
 	require.Equal(t, int64(1), b.page.QueryCounts()["inbox"])
 }
 
+// A dead outbox row is counted on the page and in its JSON, and needs a
+// person.
+func TestStatusPageCountsDeadOutboxRows(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	before := b.page.Overview()
+	_, err := b.db.Pool.Exec(t.Context(), `
+		INSERT INTO outbox (idempotency_key, message_id, routing_key, payload, order_key, dead_at, last_error)
+		VALUES ('x:order.confirmed', 'x', 'order.confirmed', '{}', 'o-x', now(), 'refused: test')`)
+	require.NoError(t, err)
+	time.Sleep(statuspage.CacheTTLDefault + 100*time.Millisecond) // the cache's answer ages out
+	o := b.page.Overview()
+	require.Equal(t, before.Outbox.Dead+1, o.Outbox.Dead)
+	require.True(t, o.NeedsAttention())
+	status, body := get(t, b.server.URL+"/")
+	require.Equal(t, http.StatusOK, status)
+	require.Contains(t, body, `data-metric="outbox_dead"`)
+}
+
 // replayed runs a replay statement in a transaction it rolls back and
 // returns how many rows it changed.
 func replayed(t *testing.T, db *testenv.DB, stmt string) int64 {

@@ -28,9 +28,9 @@ type Overview struct {
 }
 
 // NeedsAttention reports whether something needs a person: the database is
-// unreachable or messages are dead.
+// unreachable, or messages or outbox rows are dead.
 func (o *Overview) NeedsAttention() bool {
-	return !o.Database.Reachable || (o.Inbox != nil && o.Inbox.Dead > 0)
+	return !o.Database.Reachable || (o.Inbox != nil && o.Inbox.Dead > 0) || (o.Outbox != nil && o.Outbox.Dead > 0)
 }
 
 // Service is the state of this inboxd process.
@@ -69,6 +69,9 @@ type OutboxNow struct {
 	Unpublished   int64   `json:"unpublished"`
 	Failing       int64   `json:"failing"`
 	OldestSeconds float64 `json:"oldest_seconds"`
+	// Dead counts the rows refused for good (outbox_dead): each holds back
+	// the later rows of its order until an operator replays it.
+	Dead int64 `json:"dead"`
 }
 
 // Minute is one minute of the chart: messages received, and attempts

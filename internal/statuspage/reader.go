@@ -91,7 +91,7 @@ func (r *reader) overview(ctx context.Context) (*Overview, error) {
 		if err != nil {
 			return fmt.Errorf("read outbox_backlog: %w", err)
 		}
-		o.Outbox = &OutboxNow{Unpublished: ob.Unpublished, Failing: ob.Failing, OldestSeconds: ob.OldestSeconds}
+		o.Outbox = &OutboxNow{Unpublished: ob.Unpublished, Failing: ob.Failing, OldestSeconds: ob.OldestSeconds, Dead: ob.Dead}
 
 		r.count("inbox_throughput")
 		minutes, err := r.q.StatusPageThroughput(ctx, tx)

@@ -1,0 +1,113 @@
+package outbox_test
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/orderconfirm/inboxd/internal/outbox"
+)
+
+// exec runs sql as the schema's owner, as an operator or an earlier build
+// would have written the rows.
+func (b *bundle) exec(t *testing.T, sql string, args ...any) {
+	t.Helper()
+	_, err := b.db.Pool.Exec(context.WithoutCancel(t.Context()), sql, args...)
+	require.NoError(t, err)
+}
+
+// insertOrderRows inserts n order.confirmed effects of order, keyed
+// prefix-0, prefix-1, ..., in that order.
+func (b *bundle) insertOrderRows(t *testing.T, order, prefix string, n int) {
+	t.Helper()
+	b.exec(t, `
+		INSERT INTO outbox (idempotency_key, message_id, routing_key, payload, order_key)
+		SELECT $2 || '-' || i || ':order.confirmed', $2 || '-' || i, 'order.confirmed',
+		       jsonb_build_object('orderId', $1::text), $1
+		FROM generate_series(0, $3 - 1) AS i ORDER BY i`, order, prefix, n)
+}
+
+// However many rows an earlier row of their order holds back sit at the
+// head of the outbox, a batch is filled with rows that can go: a fresh
+// order behind 1,500 held-back rows is published in the first batch.
+func TestHeldBackRowsNeverFillABatch(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	// The first row of o-stuck waits for a retry an hour away; its 1,500
+	// later rows wait for it.
+	b.insertOrderRows(t, "o-stuck", "stuck", 1)
+	b.exec(t, `UPDATE outbox SET next_attempt_at = now() + interval '1 hour', last_error = 'waiting'`)
+	b.insertOrderRows(t, "o-stuck", "held", 1500)
+	b.insertOrderRows(t, "o-fresh", "fresh", 1)
+
+	b.startRelay(t, outbox.RelayConfig{BatchSize: 1000, PollInterval: time.Hour})
+	b.receive(t, map[string]bool{"fresh-0:order.confirmed": true})
+	require.Equal(t, 1501, b.unpublished(t), "o-stuck's rows all wait, in order")
+	require.Zero(t, b.db.Int(t, `SELECT count(*) FROM outbox WHERE order_key = 'o-stuck' AND attempts > 0`),
+		"no held-back row was even claimed")
+}
+
+// A row the client cannot send ends dead after MaxAttempts, with its
+// reason, and holds back its order's later rows, visibly; every other
+// order's events go out, on the same connection. Once an operator fixes the
+// row, the replay flag publishes it, and its order goes on, in order.
+func TestARefusedRowEndsDeadAndHoldsBackOnlyItsOrder(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	tooLong := strings.Repeat("x", 300) + ":order.confirmed"
+	b.exec(t, `INSERT INTO outbox (idempotency_key, message_id, routing_key, payload, order_key)
+		VALUES ($1, 'long', 'order.confirmed', '{"orderId":"o-bad"}', 'o-bad')`, tooLong)
+	b.insertOrderRows(t, "o-bad", "after", 2)
+	b.insertOrderRows(t, "o-good", "good", 3)
+
+	r := b.startRelay(t, outbox.RelayConfig{MaxAttempts: 3, RetryBase: 10 * time.Millisecond, RetryMax: 20 * time.Millisecond})
+	b.receive(t, map[string]bool{"good-0:order.confirmed": true, "good-1:order.confirmed": true, "good-2:order.confirmed": true})
+	require.Eventually(t, func() bool {
+		return b.db.Int(t, "SELECT count(*) FROM outbox_dead") == 1
+	}, 30*time.Second, 20*time.Millisecond)
+	require.True(t, r.Connected(), "the refusal never reached the connection")
+
+	var attempts, holdsBack, dead int
+	var lastError string
+	require.NoError(t, b.db.Pool.QueryRow(t.Context(),
+		`SELECT attempts, last_error, holds_back, (SELECT dead FROM outbox_backlog) FROM outbox_dead`).Scan(&attempts, &lastError, &holdsBack, &dead))
+	require.Equal(t, 3, attempts)
+	require.Contains(t, lastError, "refused: the event id cannot be sent")
+	require.Equal(t, 2, holdsBack)
+	require.Equal(t, 1, dead)
+	require.Equal(t, 3, b.unpublished(t), "the dead row and the two it holds back")
+	require.Equal(t, 3, b.db.Int(t, "SELECT attempts FROM outbox WHERE message_id = 'long'"), "a dead row is not claimed again")
+
+	// The fix, then the replay: the trigger resets the row and records it.
+	b.exec(t, `UPDATE outbox SET idempotency_key = 'long:order.confirmed' WHERE message_id = 'long'`)
+	b.exec(t, `UPDATE outbox SET replay_requested = true, replay_reason = 'key fixed' WHERE message_id = 'long'`)
+	require.Equal(t, []string{"1 key fixed false"}, b.db.Strings(t,
+		`SELECT replay_count || ' ' || replay_reason || ' ' || replay_requested FROM outbox WHERE message_id = 'long'`))
+	got := b.receiveInOrder(t, 3)
+	require.Equal(t, []string{"long:order.confirmed", "after-0:order.confirmed", "after-1:order.confirmed"}, got)
+	require.Zero(t, b.db.Int(t, "SELECT count(*) FROM outbox_dead"))
+
+	// Only a replay changes the audit columns.
+	b.exec(t, `UPDATE outbox SET replay_reason = 'rewritten', replay_count = 0 WHERE message_id = 'long'`)
+	require.Equal(t, []string{"1 key fixed"}, b.db.Strings(t,
+		`SELECT replay_count || ' ' || replay_reason FROM outbox WHERE message_id = 'long'`))
+}
+
+// receiveInOrder returns the ids of the next n events, in arrival order.
+func (b *bundle) receiveInOrder(t *testing.T, n int) []string {
+	t.Helper()
+	var ids []string
+	timeout := time.After(60 * time.Second)
+	for len(ids) < n {
+		select {
+		case d := <-b.received:
+			ids = append(ids, d.MessageId)
+		case <-timeout:
+			t.Fatalf("%d of %d events arrived: %v", len(ids), n, ids)
+		}
+	}
+	return ids
+}
