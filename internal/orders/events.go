@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/orderconfirm/inboxd/internal/inbox"
+	"github.com/orderconfirm/inboxd/internal/msgid"
 	"github.com/orderconfirm/inboxd/internal/outbox"
 	"github.com/orderconfirm/inboxd/internal/tracing"
 )
@@ -40,9 +41,10 @@ type emailRequest struct {
 }
 
 // IdempotencyKey is the outbox key, and the published AMQP message_id, of
-// the effect named by routingKey of handling the inbox message messageID.
+// the effect named by routingKey of handling the inbox message messageID:
+// msgid.EventID, which fits an AMQP short string whatever the id's length.
 func IdempotencyKey(messageID, routingKey string) string {
-	return messageID + ":" + routingKey
+	return msgid.EventID(messageID, routingKey)
 }
 
 // outboxRows collects the effects of a batch, written with one statement.
