@@ -72,106 +72,15 @@ func (r *reader) inTx(ctx context.Context, fn func(ctx context.Context, tx pgx.T
 // overview reads every section of the page but the service's own state.
 func (r *reader) overview(ctx context.Context) (*Overview, error) {
 	o := &Overview{}
+	sections := []func(context.Context, pgx.Tx, *Overview) error{
+		r.inboxNow, r.outboxNow, r.throughput, r.deadByError, r.failuresByBuild,
+		r.dead, r.heldBack, r.replays, r.conflicts,
+	}
 	err := r.inTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
-		r.count("inbox_overview")
-		in, err := r.q.StatusPageInboxOverview(ctx, tx)
-		if err != nil {
-			return fmt.Errorf("read inbox_overview: %w", err)
-		}
-		o.Inbox = &InboxNow{
-			Pending: in.Pending, InProgress: in.InProgress, WaitingRetry: in.WaitingRetry,
-			ReplaysWaiting: in.ReplaysWaiting, Dead: in.Dead, Processed: in.Processed,
-			OldestPendingSeconds: in.OldestPendingSeconds, ProcessedLastMinute: in.ProcessedLastMinute,
-			PerSecondLast5Minutes: in.PerSecondLast5Minutes, FailedAttemptsLast5Minutes: in.FailedAttemptsLast5Minutes,
-			ConflictingIDs: in.ConflictingIds, LastProcessedAt: anyTime(in.LastProcessedAt),
-		}
-
-		r.count("outbox_backlog")
-		ob, err := r.q.StatusPageOutboxBacklog(ctx, tx)
-		if err != nil {
-			return fmt.Errorf("read outbox_backlog: %w", err)
-		}
-		o.Outbox = &OutboxNow{Unpublished: ob.Unpublished, Failing: ob.Failing, OldestSeconds: ob.OldestSeconds, Dead: ob.Dead}
-
-		r.count("inbox_throughput")
-		minutes, err := r.q.StatusPageThroughput(ctx, tx)
-		if err != nil {
-			return fmt.Errorf("read inbox_throughput: %w", err)
-		}
-		for _, m := range minutes {
-			o.Throughput = append(o.Throughput, Minute(m))
-		}
-
-		r.count("inbox_dead_by_error")
-		byError, err := r.q.StatusPageDeadByError(ctx, tx, r.maxRows)
-		if err != nil {
-			return fmt.Errorf("read inbox_dead_by_error: %w", err)
-		}
-		for _, e := range byError {
-			o.DeadByError = append(o.DeadByError, DeadError{
-				LastError: text(e.LastError), Messages: e.Messages, MessageTypes: e.MessageTypes,
-				FirstDiedAt: anyTime(e.FirstDiedAt), LastDiedAt: anyTime(e.LastDiedAt),
-				ReplaySQL: replayByErrorSQL(text(e.LastError)),
-			})
-		}
-
-		r.count("inbox_failures_by_build")
-		byBuild, err := r.q.StatusPageFailuresByBuild(ctx, tx, r.maxRows)
-		if err != nil {
-			return fmt.Errorf("read inbox_failures_by_build: %w", err)
-		}
-		for _, b := range byBuild {
-			o.FailuresByBuild = append(o.FailuresByBuild, BuildFailure{
-				Build: b.Build, Outcome: b.Outcome, Attempts: b.Attempts, Messages: b.Messages,
-				FirstAt: b.FirstAt, LastAt: b.LastAt, ReplaySQL: replayByBuildSQL(b.Build),
-			})
-		}
-
-		r.count("inbox_dead")
-		dead, err := r.q.StatusPageDead(ctx, tx, r.maxRows)
-		if err != nil {
-			return fmt.Errorf("read inbox_dead: %w", err)
-		}
-		for _, d := range dead {
-			o.Dead = append(o.Dead, DeadMessage{
-				MessageID: d.MessageID, MessageType: d.MessageType, Attempts: d.Attempts,
-				LastError: text(d.LastError), DiedAt: d.DiedAt, ReplayCount: d.ReplayCount, LastBuild: d.LastBuild,
-			})
-		}
-
-		r.count("inbox_held_back")
-		held, err := r.q.StatusPageHeldBack(ctx, tx, r.maxRows)
-		if err != nil {
-			return fmt.Errorf("read inbox_held_back: %w", err)
-		}
-		for _, h := range held {
-			o.HeldBack = append(o.HeldBack, HeldOrder{
-				OrderKey: h.OrderKey.String, BlockingMessageID: h.BlockingMessageID,
-				BlockingMessageType: h.BlockingMessageType, BlockingStatus: h.BlockingStatus,
-				Attempts: h.Attempts, LastError: text(h.LastError), NextAttemptAt: h.NextAttemptAt,
-				HeldMessages: h.HeldMessages, OldestHeldReceivedAt: h.OldestHeldReceivedAt,
-			})
-		}
-
-		r.count("inbox_replays")
-		replays, err := r.q.StatusPageReplays(ctx, tx, r.maxRows)
-		if err != nil {
-			return fmt.Errorf("read replays: %w", err)
-		}
-		for _, p := range replays {
-			o.Replays = append(o.Replays, Replay{
-				MessageID: p.MessageID, ReplayCount: p.ReplayCount, ReplayedAt: p.ReplayedAt,
-				ReplayedBy: text(p.ReplayedBy), ReplayReason: text(p.ReplayReason), Status: p.Status, Result: text(p.Result),
-			})
-		}
-
-		r.count("inbox_conflicts")
-		conflicts, err := r.q.StatusPageConflicts(ctx, tx, r.maxRows)
-		if err != nil {
-			return fmt.Errorf("read inbox_conflicts: %w", err)
-		}
-		for _, c := range conflicts {
-			o.Conflicts = append(o.Conflicts, Conflict(c))
+		for _, read := range sections {
+			if err := read(ctx, tx, o); err != nil {
+				return err
+			}
 		}
 		return nil
 	})
@@ -179,6 +88,143 @@ func (r *reader) overview(ctx context.Context) (*Overview, error) {
 		return nil, err
 	}
 	return o, nil
+}
+
+// inboxNow reads inbox_overview.
+func (r *reader) inboxNow(ctx context.Context, tx pgx.Tx, o *Overview) error {
+	r.count("inbox_overview")
+	in, err := r.q.StatusPageInboxOverview(ctx, tx)
+	if err != nil {
+		return fmt.Errorf("read inbox_overview: %w", err)
+	}
+	o.Inbox = &InboxNow{
+		Pending: in.Pending, InProgress: in.InProgress, WaitingRetry: in.WaitingRetry,
+		ReplaysWaiting: in.ReplaysWaiting, Dead: in.Dead, Processed: in.Processed,
+		OldestPendingSeconds: in.OldestPendingSeconds, ProcessedLastMinute: in.ProcessedLastMinute,
+		PerSecondLast5Minutes: in.PerSecondLast5Minutes, FailedAttemptsLast5Minutes: in.FailedAttemptsLast5Minutes,
+		ConflictingIDs: in.ConflictingIds, LastProcessedAt: anyTime(in.LastProcessedAt),
+	}
+	return nil
+}
+
+// outboxNow reads outbox_backlog.
+func (r *reader) outboxNow(ctx context.Context, tx pgx.Tx, o *Overview) error {
+	r.count("outbox_backlog")
+	ob, err := r.q.StatusPageOutboxBacklog(ctx, tx)
+	if err != nil {
+		return fmt.Errorf("read outbox_backlog: %w", err)
+	}
+	o.Outbox = &OutboxNow{Unpublished: ob.Unpublished, Failing: ob.Failing, OldestSeconds: ob.OldestSeconds, Dead: ob.Dead}
+	return nil
+}
+
+// throughput reads the last 15 minutes.
+func (r *reader) throughput(ctx context.Context, tx pgx.Tx, o *Overview) error {
+	r.count("inbox_throughput")
+	minutes, err := r.q.StatusPageThroughput(ctx, tx)
+	if err != nil {
+		return fmt.Errorf("read inbox_throughput: %w", err)
+	}
+	for _, m := range minutes {
+		o.Throughput = append(o.Throughput, Minute(m))
+	}
+	return nil
+}
+
+// deadByError reads inbox_dead_by_error.
+func (r *reader) deadByError(ctx context.Context, tx pgx.Tx, o *Overview) error {
+	r.count("inbox_dead_by_error")
+	byError, err := r.q.StatusPageDeadByError(ctx, tx, r.maxRows)
+	if err != nil {
+		return fmt.Errorf("read inbox_dead_by_error: %w", err)
+	}
+	for _, e := range byError {
+		o.DeadByError = append(o.DeadByError, DeadError{
+			LastError: text(e.LastError), Messages: e.Messages, MessageTypes: e.MessageTypes,
+			FirstDiedAt: anyTime(e.FirstDiedAt), LastDiedAt: anyTime(e.LastDiedAt),
+			ReplaySQL: replayByErrorSQL(text(e.LastError)),
+		})
+	}
+	return nil
+}
+
+// failuresByBuild reads inbox_failures_by_build.
+func (r *reader) failuresByBuild(ctx context.Context, tx pgx.Tx, o *Overview) error {
+	r.count("inbox_failures_by_build")
+	byBuild, err := r.q.StatusPageFailuresByBuild(ctx, tx, r.maxRows)
+	if err != nil {
+		return fmt.Errorf("read inbox_failures_by_build: %w", err)
+	}
+	for _, b := range byBuild {
+		o.FailuresByBuild = append(o.FailuresByBuild, BuildFailure{
+			Build: b.Build, Outcome: b.Outcome, Attempts: b.Attempts, Messages: b.Messages,
+			FirstAt: b.FirstAt, LastAt: b.LastAt, ReplaySQL: replayByBuildSQL(b.Build),
+		})
+	}
+	return nil
+}
+
+// dead reads inbox_dead.
+func (r *reader) dead(ctx context.Context, tx pgx.Tx, o *Overview) error {
+	r.count("inbox_dead")
+	dead, err := r.q.StatusPageDead(ctx, tx, r.maxRows)
+	if err != nil {
+		return fmt.Errorf("read inbox_dead: %w", err)
+	}
+	for _, d := range dead {
+		o.Dead = append(o.Dead, DeadMessage{
+			MessageID: d.MessageID, MessageType: d.MessageType, Attempts: d.Attempts,
+			LastError: text(d.LastError), DiedAt: d.DiedAt, ReplayCount: d.ReplayCount, LastBuild: d.LastBuild,
+		})
+	}
+	return nil
+}
+
+// heldBack reads inbox_held_back.
+func (r *reader) heldBack(ctx context.Context, tx pgx.Tx, o *Overview) error {
+	r.count("inbox_held_back")
+	held, err := r.q.StatusPageHeldBack(ctx, tx, r.maxRows)
+	if err != nil {
+		return fmt.Errorf("read inbox_held_back: %w", err)
+	}
+	for _, h := range held {
+		o.HeldBack = append(o.HeldBack, HeldOrder{
+			OrderKey: h.OrderKey.String, BlockingMessageID: h.BlockingMessageID,
+			BlockingMessageType: h.BlockingMessageType, BlockingStatus: h.BlockingStatus,
+			Attempts: h.Attempts, LastError: text(h.LastError), NextAttemptAt: h.NextAttemptAt,
+			HeldMessages: h.HeldMessages, OldestHeldReceivedAt: h.OldestHeldReceivedAt,
+		})
+	}
+	return nil
+}
+
+// replays reads the latest replays.
+func (r *reader) replays(ctx context.Context, tx pgx.Tx, o *Overview) error {
+	r.count("inbox_replays")
+	replays, err := r.q.StatusPageReplays(ctx, tx, r.maxRows)
+	if err != nil {
+		return fmt.Errorf("read replays: %w", err)
+	}
+	for _, p := range replays {
+		o.Replays = append(o.Replays, Replay{
+			MessageID: p.MessageID, ReplayCount: p.ReplayCount, ReplayedAt: p.ReplayedAt,
+			ReplayedBy: text(p.ReplayedBy), ReplayReason: text(p.ReplayReason), Status: p.Status, Result: text(p.Result),
+		})
+	}
+	return nil
+}
+
+// conflicts reads inbox_conflicts.
+func (r *reader) conflicts(ctx context.Context, tx pgx.Tx, o *Overview) error {
+	r.count("inbox_conflicts")
+	conflicts, err := r.q.StatusPageConflicts(ctx, tx, r.maxRows)
+	if err != nil {
+		return fmt.Errorf("read inbox_conflicts: %w", err)
+	}
+	for _, c := range conflicts {
+		o.Conflicts = append(o.Conflicts, Conflict(c))
+	}
+	return nil
 }
 
 // message reads one message's inbox row and its attempts; errNotFound when
