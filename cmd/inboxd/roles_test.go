@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/url"
 	"os/exec"
+	"strings"
 	"testing"
 	"time"
 
@@ -183,4 +184,37 @@ func TestOperatorSessionIdleInATransactionIsEnded(t *testing.T) {
 	}, 30*time.Second, 50*time.Millisecond, "the workers handle the rows once the operator's session is ended")
 	_, err = tx.Exec(ctx, "SELECT 1")
 	require.Error(t, err, "the idle transaction was ended")
+}
+
+// Acceptance: with synchronous_commit = off on the service's login (a common
+// tuning), the sessions serve opens still commit synchronously: an ack never
+// runs ahead of a durable commit.
+func TestServiceSessionsCommitSynchronouslyWhateverTheRoleSays(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	serviceURL := loginAs(t, b.db, "inbox_service")
+	u, err := url.Parse(serviceURL)
+	require.NoError(t, err)
+	_, err = b.db.Pool.Exec(t.Context(), "ALTER ROLE "+u.User.Username()+" SET synchronous_commit = off")
+	require.NoError(t, err)
+
+	plain, err := pgx.Connect(t.Context(), serviceURL)
+	require.NoError(t, err)
+	defer plain.Close(context.WithoutCancel(t.Context()))
+	var setting string
+	require.NoError(t, plain.QueryRow(t.Context(), "SHOW synchronous_commit").Scan(&setting))
+	require.Equal(t, "off", setting, "the role's setting applies to a plain session")
+
+	env := map[string]string{}
+	for _, kv := range serviceEnv(b.db, b.broker, "DATABASE_URL="+serviceURL) {
+		k, v, _ := strings.Cut(kv, "=")
+		env[k] = v
+	}
+	cfg, err := loadConfig(func(k string) string { return env[k] }, "serve")
+	require.NoError(t, err)
+	conn, err := pgx.ConnectConfig(t.Context(), cfg.dbConfig.ConnConfig.Copy())
+	require.NoError(t, err)
+	defer conn.Close(context.WithoutCancel(t.Context()))
+	require.NoError(t, conn.QueryRow(t.Context(), "SHOW synchronous_commit").Scan(&setting))
+	require.Equal(t, "on", setting, "serve's sessions pin it")
 }
