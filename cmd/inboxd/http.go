@@ -90,12 +90,24 @@ func (c *postgresCheck) check(ctx context.Context) error {
 // relay is connected), /metrics (Prometheus) and the status page at / when
 // statusPage is not nil.
 func newHTTPHandler(readyPool *pgxpool.Pool, ingest *ingest.Ingest, relay *outbox.Relay, registry *prometheus.Registry, statusPage http.Handler) http.Handler {
-	mux := http.NewServeMux()
+	return routes(probes(readyPool, ingest, relay, registry), statusPage, statusPagePace)
+}
+
+// routes serves the probes as they are and the status page, when not nil,
+// at / within pace: however many requests the page gets, a probe or a
+// scrape is never made to wait for them.
+func routes(probes *http.ServeMux, statusPage http.Handler, p pace) http.Handler {
 	if statusPage != nil {
 		// Any method, so that the page answers 405 itself to other methods
 		// than GET and HEAD.
-		mux.Handle("/", statusPage)
+		probes.Handle("/", p.limit(statusPage))
 	}
+	return probes
+}
+
+// probes serves /healthz, /readyz and /metrics.
+func probes(readyPool *pgxpool.Pool, ingest *ingest.Ingest, relay *outbox.Relay, registry *prometheus.Registry) *http.ServeMux {
+	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{
 		// OpenMetrics, when the scraper asks for it, carries the exemplars
 		// (trace ids) of inbox_end_to_end_seconds.
@@ -122,22 +134,84 @@ func newHTTPHandler(readyPool *pgxpool.Pool, ingest *ingest.Ingest, relay *outbo
 		}
 		writeJSON(w, status, checks)
 	})
-	return paced(mux, HTTPRequestRate, httpRequestBurst, httpPaceWait)
+	return mux
 }
 
-// HTTPRequestRate is how many requests a second the HTTP endpoint answers,
-// all paths together, beyond a burst of httpRequestBurst: far more than
-// probes, scrapes and status pages ask for. A flood of requests (200
-// clients probing /readyz in a loop, say) waits its turn instead of taking
-// the workers' CPU.
+// HTTPRequestRate is how many requests a second the status page and its
+// API answer, all clients together, beyond a burst of httpRequestBurst: far
+// more than the screens of a team ask for. A flood waits its turn instead of
+// taking the workers' CPU. The probes and /metrics are never paced.
 const HTTPRequestRate = 200
+
+// HTTPClientRate is how many requests a second one client (one remote
+// address) gets from the status page and its API, beyond a burst of
+// httpClientBurst; one over it is answered 429 at once, so that a single
+// client cannot spend the page's whole rate.
+const HTTPClientRate = 20
 
 const (
 	httpRequestBurst = 50
+	httpClientBurst  = 40
 	// httpPaceWait bounds how long a request waits for its turn before it
 	// is answered 503.
 	httpPaceWait = 5 * time.Second
+	// httpClientsTracked bounds the clients whose rate is kept; past it the
+	// record starts over.
+	httpClientsTracked = 10_000
 )
+
+// pace is how the status page is limited: all clients together (rate,
+// burst, and how long a request waits for its turn), and each client.
+type pace struct {
+	rate        float64
+	burst       int
+	wait        time.Duration
+	clientRate  float64
+	clientBurst int
+}
+
+var statusPagePace = pace{
+	rate: HTTPRequestRate, burst: httpRequestBurst, wait: httpPaceWait,
+	clientRate: HTTPClientRate, clientBurst: httpClientBurst,
+}
+
+// limit serves h within p: each client first, then all together.
+func (p pace) limit(h http.Handler) http.Handler {
+	return perClient(paced(h, p.rate, p.burst, p.wait), p.clientRate, p.clientBurst)
+}
+
+// perClient serves each client (by remote address, without its port) at
+// most perSecond requests a second after a burst, answering 429 with
+// Retry-After at once beyond that.
+func perClient(h http.Handler, perSecond float64, burst int) http.Handler {
+	var mu sync.Mutex
+	clients := map[string]*rate.Limiter{}
+	allow := func(client string) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		l, ok := clients[client]
+		if !ok {
+			if len(clients) >= httpClientsTracked {
+				clear(clients)
+			}
+			l = rate.NewLimiter(rate.Limit(perSecond), burst)
+			clients[client] = l
+		}
+		return l.Allow()
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		client, _, err := net.SplitHostPort(r.RemoteAddr)
+		if err != nil {
+			client = r.RemoteAddr
+		}
+		if !allow(client) {
+			w.Header().Set("Retry-After", "1")
+			http.Error(w, "too many requests from this client", http.StatusTooManyRequests)
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
 
 // paced serves h at most perSecond requests a second (after a burst):
 // a request over the rate waits for its turn, up to maxWait, and is then

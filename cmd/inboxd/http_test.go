@@ -97,3 +97,33 @@ func TestRequestsBeyondTheRateWaitTheirTurn(t *testing.T) {
 	require.LessOrEqual(t, served, 3)
 	require.Equal(t, 20, served+busy)
 }
+
+// Acceptance: however many requests the status page gets, the probes and
+// /metrics are answered at once; the page is limited per client as well as
+// overall, so one client cannot spend it all.
+func TestProbesAreNeverPaced(t *testing.T) {
+	t.Parallel()
+	ok := func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) }
+	mux := http.NewServeMux()
+	for _, path := range []string{"GET /healthz", "GET /readyz", "GET /metrics"} {
+		mux.HandleFunc(path, ok)
+	}
+	// A page whose overall rate is spent by the first request and whose
+	// requests never wait for a turn.
+	h := routes(mux, http.HandlerFunc(ok), pace{rate: 0.001, burst: 1, wait: time.Millisecond, clientRate: 0.001, clientBurst: 1})
+	get := func(path, client string) int {
+		rec := httptest.NewRecorder()
+		req := httptest.NewRequest(http.MethodGet, path, nil)
+		req.RemoteAddr = client + ":40000"
+		h.ServeHTTP(rec, req)
+		return rec.Code
+	}
+	require.Equal(t, http.StatusOK, get("/api/messages/a", "10.0.0.1"))
+	require.Equal(t, http.StatusTooManyRequests, get("/api/messages/b", "10.0.0.1"), "the client's own limit")
+	require.Equal(t, http.StatusServiceUnavailable, get("/api/messages/c", "10.0.0.2"), "the page's overall limit")
+	for range 100 {
+		for _, path := range []string{"/healthz", "/readyz", "/metrics"} {
+			require.Equal(t, http.StatusOK, get(path, "10.0.0.1"), path)
+		}
+	}
+}
