@@ -40,6 +40,12 @@ const (
 	// dead-lettered delivery was first published.
 	HeaderOriginalExchange   = "x-inbox-original-exchange"
 	HeaderOriginalRoutingKey = "x-inbox-original-routing-key"
+	// HeaderOriginalExpiration and HeaderOriginalUserID keep the two
+	// properties a dead letter cannot carry as they were: an expiration
+	// would let the broker drop it unseen, and the broker refuses a publish
+	// whose user_id is not the publishing connection's user.
+	HeaderOriginalExpiration = "x-inbox-original-expiration"
+	HeaderOriginalUserID     = "x-inbox-original-user-id"
 )
 
 // Queue types accepted for QueueInbox and QueueDead.

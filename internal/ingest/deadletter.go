@@ -84,12 +84,20 @@ func deadLetter(r rejection) amqp.Publishing {
 	headers[broker.HeaderRejectReason] = r.reason
 	headers[broker.HeaderOriginalExchange] = d.Exchange
 	headers[broker.HeaderOriginalRoutingKey] = d.RoutingKey
+	if d.Expiration != "" {
+		headers[broker.HeaderOriginalExpiration] = d.Expiration
+	}
+	if d.UserId != "" {
+		headers[broker.HeaderOriginalUserID] = d.UserId
+	}
 	return amqp.Publishing{
 		Headers:         headers,
 		ContentType:     d.ContentType,
 		ContentEncoding: d.ContentEncoding,
 		DeliveryMode:    amqp.Persistent,
+		Priority:        d.Priority,
 		CorrelationId:   d.CorrelationId,
+		ReplyTo:         d.ReplyTo,
 		MessageId:       d.MessageId,
 		Timestamp:       d.Timestamp,
 		Type:            d.Type,

@@ -251,3 +251,52 @@ func TestIngestNoticesItsQueueDeleted(t *testing.T) {
 		return b.inboxCount(t) == 60
 	}, 30*time.Second, 500*time.Millisecond)
 }
+
+// Acceptance: a dead letter keeps every property and header of its
+// delivery. The two a dead letter cannot carry as they are stay in headers
+// of their own: an expiration (the broker would drop the dead letter unseen)
+// and a user id (the broker refuses a publish whose user_id is not the
+// publishing connection's).
+func TestDeadLetterKeepsEveryProperty(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.start(t, ingest.Config{})
+	conn, err := amqp.Dial(b.broker.URL)
+	require.NoError(t, err)
+	defer conn.Close()
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	sent := amqp.Publishing{
+		Headers:         amqp.Table{"x-tenant": "t-1", "traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
+		ContentType:     "application/json",
+		ContentEncoding: "identity",
+		DeliveryMode:    amqp.Persistent,
+		Priority:        7,
+		CorrelationId:   "corr-1",
+		ReplyTo:         "amq.rabbitmq.reply-to.g1h2AA",
+		Expiration:      "600000",
+		Timestamp:       time.Unix(1_700_000_000, 0),
+		Type:            "order.created",
+		UserId:          "guest",
+		AppId:           "checkout",
+		Body:            []byte(`{"orderId":"o-1"}`), // no message_id: dead-lettered
+	}
+	require.NoError(t, ch.PublishWithContext(t.Context(), broker.ExchangeOrders, "order.created", false, false, sent))
+
+	d := b.broker.Receive(t, broker.QueueDead, 1)[0]
+	require.Equal(t, "missing message_id", d.Headers[broker.HeaderRejectReason])
+	require.Equal(t, "t-1", d.Headers["x-tenant"])
+	require.Equal(t, sent.Headers["traceparent"], d.Headers["traceparent"])
+	require.Equal(t, sent.ContentType, d.ContentType)
+	require.Equal(t, sent.ContentEncoding, d.ContentEncoding)
+	require.Equal(t, sent.Priority, d.Priority)
+	require.Equal(t, sent.CorrelationId, d.CorrelationId)
+	require.Equal(t, sent.ReplyTo, d.ReplyTo)
+	require.Equal(t, sent.Timestamp.Unix(), d.Timestamp.Unix())
+	require.Equal(t, sent.Type, d.Type)
+	require.Equal(t, sent.AppId, d.AppId)
+	require.Equal(t, sent.Body, d.Body)
+	require.Empty(t, d.Expiration, "a dead letter never expires")
+	require.Equal(t, "600000", d.Headers[broker.HeaderOriginalExpiration])
+	require.Equal(t, "guest", d.Headers[broker.HeaderOriginalUserID])
+}
