@@ -136,7 +136,7 @@ func (w *Worker) claimUnfinished(ctx context.Context, firstLossOnly bool, max in
 	if err != nil {
 		return 0, fmt.Errorf("claim unfinished messages: %w", err)
 	}
-	return len(rows), w.work(ctx, claimsOf(rows))
+	return len(rows), w.work(ctx, claimsOf(rows, true))
 }
 
 // hasUnfinished reports whether a message waits to be taken over.

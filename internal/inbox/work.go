@@ -16,11 +16,19 @@ import (
 
 // claims names claimed rows: each by its id and the claimed_at its claim
 // set, so that a claim taken over by another worker is told apart.
-type claims = dbsqlc.InboxLockClaimedParams
+type claims struct {
+	dbsqlc.InboxLockClaimedParams
+	// takenOver is set for claims taken over from attempts that never
+	// finished (InboxClaimUnfinished). Only such a message can have used up
+	// its attempts without finishing one; a message claimed afresh finished
+	// its last attempt (a retry), and runs even when its attempts are past a
+	// limit lowered since.
+	takenOver bool
+}
 
 // claimsOf names the rows a claim statement returned.
-func claimsOf[R dbsqlc.InboxClaimBatchRow | dbsqlc.InboxClaimUnfinishedRow](rows []R) claims {
-	var c claims
+func claimsOf[R dbsqlc.InboxClaimBatchRow | dbsqlc.InboxClaimUnfinishedRow](rows []R, takenOver bool) claims {
+	c := claims{takenOver: takenOver}
 	for _, r := range rows {
 		row := dbsqlc.InboxClaimBatchRow(r)
 		c.Ids, c.ClaimedAts = append(c.Ids, row.ID), append(c.ClaimedAts, row.ClaimedAt)
@@ -46,14 +54,14 @@ func (w *Worker) work(ctx context.Context, c claims) error {
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 
-	rows, err := w.queries.InboxLockClaimed(ctx, tx, c)
+	rows, err := w.queries.InboxLockClaimed(ctx, tx, c.InboxLockClaimedParams)
 	if err != nil {
 		return fmt.Errorf("lock claimed messages: %w", err)
 	}
 	if len(rows) == 0 {
 		return nil
 	}
-	batch := w.claimedBatch(ctx, rows)
+	batch := w.claimedBatch(ctx, rows, c.takenOver)
 	handlerDuration, err := w.finish(ctx, tx, batch)
 	if err == nil && w.cfg.Observe != nil {
 		w.cfg.Observe(batchStats(batch, handlerDuration))
@@ -65,8 +73,9 @@ func (w *Worker) work(ctx context.Context, c claims) error {
 }
 
 // claimedBatch makes a claimed message of each locked row, its process span
-// started: first those to handle, in the order of rows, then those given up.
-func (w *Worker) claimedBatch(ctx context.Context, rows []dbsqlc.InboxLockClaimedRow) []claimed {
+// started: first those to handle, in the order of rows, then those given up
+// (taken over past their attempts).
+func (w *Worker) claimedBatch(ctx context.Context, rows []dbsqlc.InboxLockClaimedRow, takenOver bool) []claimed {
 	var handled, givenUp []claimed
 	for _, r := range rows {
 		c := claimed{msg: Message{
@@ -83,7 +92,7 @@ func (w *Worker) claimedBatch(ctx context.Context, rows []dbsqlc.InboxLockClaime
 			ID: m.MessageID, Type: m.Type, Attempt: m.Attempt, Replay: m.Replay,
 			Origin: tracing.Text{Traceparent: r.Traceparent, Tracestate: r.Tracestate},
 		})
-		c.givenUp = m.Attempt > w.cfg.MaxAttempts
+		c.givenUp = takenOver && m.Attempt > w.cfg.MaxAttempts
 		if c.givenUp {
 			givenUp = append(givenUp, c)
 		} else {

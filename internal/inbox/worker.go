@@ -171,5 +171,5 @@ func (w *Worker) claimNew(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, fmt.Errorf("claim inbox batch: %w", err)
 	}
-	return len(rows), w.work(ctx, claimsOf(rows))
+	return len(rows), w.work(ctx, claimsOf(rows, false))
 }

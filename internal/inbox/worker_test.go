@@ -363,6 +363,38 @@ func TestWorkerFailureIsBounded(t *testing.T) {
 		require.Equal(t, 1, b.db.Int(t, "SELECT count(*) FROM effects"), "effects once")
 	})
 
+	// A message whose retries finished is run once more when
+	// INBOX_MAX_ATTEMPTS is lowered below its attempts, never marked dead
+	// unrun as one whose attempts never finished.
+	t.Run("ALoweredLimitNeverKillsAMessageWithoutRunningIt", func(t *testing.T) {
+		t.Parallel()
+		b := setupWorker(t)
+		insertMessages(t, b.db.Pool, 2)
+		w := b.newWorker(t, b.db.Pool, inbox.WorkerConfig{MaxAttempts: 5, RetryBase: time.Millisecond, RetryMax: time.Millisecond})
+		b.handler.failing["m-0"] = errors.New("not yet")
+		b.handler.failing["m-1"] = errors.New("not yet")
+		for attempt := 1; attempt <= 3; attempt++ {
+			require.Eventually(t, func() bool {
+				_, err := w.RunOnce(t.Context())
+				require.NoError(t, err)
+				return readRow(t, b.db.Pool, "m-0").Attempts == attempt && readRow(t, b.db.Pool, "m-1").Attempts == attempt
+			}, 10*time.Second, time.Millisecond)
+		}
+		// The limit is lowered to 2: m-0 now succeeds, m-1 fails again.
+		delete(b.handler.failing, "m-0")
+		lowered := b.newWorker(t, b.db.Pool, inbox.WorkerConfig{MaxAttempts: 2, RetryBase: time.Millisecond, RetryMax: time.Millisecond})
+		require.Eventually(t, func() bool {
+			_, err := lowered.RunOnce(t.Context())
+			require.NoError(t, err)
+			return readRow(t, b.db.Pool, "m-0").Status != inbox.StatusPending && readRow(t, b.db.Pool, "m-1").Status != inbox.StatusPending
+		}, 10*time.Second, time.Millisecond)
+		require.Equal(t, inbox.StatusProcessed, readRow(t, b.db.Pool, "m-0").Status, "run, not given up")
+		m1 := readRow(t, b.db.Pool, "m-1")
+		require.Equal(t, inbox.StatusDead, m1.Status, "dead after running once more")
+		require.Equal(t, "not yet", *m1.LastError)
+		require.Equal(t, 4, b.handler.calls["m-1"])
+	})
+
 	t.Run("ARetryWaitsItsFullDelayAfterALongBatch", func(t *testing.T) {
 		t.Parallel()
 		b := setupWorker(t)
