@@ -79,9 +79,17 @@ WITH target AS (
     WHERE i.status = 'pending'
       AND i.next_attempt_at <= now()
       AND i.claimed_at IS NOT NULL
-      AND (i.claimed_at < now() - make_interval(secs => sqlc.arg(lease_seconds)::float8)
-           -- (NOT IN an empty set is true even for NULL.)
-           OR (i.claimed_session IS NOT NULL AND i.claimed_session NOT IN (SELECT inbox_live_sessions())))
+      -- A live claim is never taken over: the lease covers only claims
+      -- whose liveness is unknown (no session key), and the caller's own
+      -- claims, which it is not handling if it has not locked them by then
+      -- (its batch failed); the rows its batches hold locked are skipped.
+      AND CASE
+              WHEN i.claimed_session IS NULL
+                  THEN i.claimed_at < now() - make_interval(secs => sqlc.arg(lease_seconds)::float8)
+              WHEN i.claimed_session = nullif(sqlc.arg(session)::bigint, 0)
+                  THEN i.claimed_at < now() - make_interval(secs => sqlc.arg(lease_seconds)::float8)
+              ELSE i.claimed_session NOT IN (SELECT inbox_live_sessions())
+          END
       AND (NOT sqlc.arg(first_loss_only)::boolean OR NOT EXISTS (
           SELECT 1 FROM inbox_attempts a
           WHERE a.inbox_id = i.id AND a.run = i.replay_count AND a.outcome = 'abandoned'
@@ -225,16 +233,28 @@ WITH d AS (
 SELECT message_id::text AS message_id, stored_sha256, conflicting_sha256, deliveries FROM c;
 
 -- name: InboxHasUnfinished :one
--- InboxHasUnfinished reports whether a message waits to be taken over (see
--- InboxClaimUnfinished), without locking anything: the worker pauses its
--- other work for a takeover only when there is one.
+-- InboxHasUnfinished reports whether a message that lost a claim before in
+-- its run waits to be taken over alone (see InboxClaimUnfinished), without
+-- locking anything: the worker makes room for such a takeover only when
+-- there is one. Another process's live claim never counts, however old: it
+-- is handling it (a slow batch). The caller's own claim counts past the
+-- lease: it handles such a message only alone, so none of its batches has it.
 SELECT EXISTS (
-    SELECT 1 FROM inbox
-    WHERE status = 'pending'
-      AND next_attempt_at <= now()
-      AND claimed_at IS NOT NULL
-      AND (claimed_at < now() - make_interval(secs => sqlc.arg(lease_seconds)::float8)
-           OR (claimed_session IS NOT NULL AND claimed_session NOT IN (SELECT inbox_live_sessions())))
+    SELECT 1 FROM inbox i
+    WHERE i.status = 'pending'
+      AND i.next_attempt_at <= now()
+      AND i.claimed_at IS NOT NULL
+      AND CASE
+              WHEN i.claimed_session IS NULL
+                  THEN i.claimed_at < now() - make_interval(secs => sqlc.arg(lease_seconds)::float8)
+              WHEN i.claimed_session = nullif(sqlc.arg(session)::bigint, 0)
+                  THEN i.claimed_at < now() - make_interval(secs => sqlc.arg(lease_seconds)::float8)
+              ELSE i.claimed_session NOT IN (SELECT inbox_live_sessions())
+          END
+      AND EXISTS (
+          SELECT 1 FROM inbox_attempts a
+          WHERE a.inbox_id = i.id AND a.run = i.replay_count AND a.outcome = 'abandoned'
+      )
 )::boolean AS has_unfinished;
 
 -- name: InboxHoldLiveness :exec

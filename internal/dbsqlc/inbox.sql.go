@@ -93,10 +93,18 @@ WITH target AS (
     WHERE i.status = 'pending'
       AND i.next_attempt_at <= now()
       AND i.claimed_at IS NOT NULL
-      AND (i.claimed_at < now() - make_interval(secs => $1::float8)
-           -- (NOT IN an empty set is true even for NULL.)
-           OR (i.claimed_session IS NOT NULL AND i.claimed_session NOT IN (SELECT inbox_live_sessions())))
-      AND (NOT $2::boolean OR NOT EXISTS (
+      -- A live claim is never taken over: the lease covers only claims
+      -- whose liveness is unknown (no session key), and the caller's own
+      -- claims, which it is not handling if it has not locked them by then
+      -- (its batch failed); the rows its batches hold locked are skipped.
+      AND CASE
+              WHEN i.claimed_session IS NULL
+                  THEN i.claimed_at < now() - make_interval(secs => $1::float8)
+              WHEN i.claimed_session = nullif($2::bigint, 0)
+                  THEN i.claimed_at < now() - make_interval(secs => $1::float8)
+              ELSE i.claimed_session NOT IN (SELECT inbox_live_sessions())
+          END
+      AND (NOT $3::boolean OR NOT EXISTS (
           SELECT 1 FROM inbox_attempts a
           WHERE a.inbox_id = i.id AND a.run = i.replay_count AND a.outcome = 'abandoned'
       ))
@@ -107,15 +115,15 @@ WITH target AS (
             AND e.status <> 'processed'
       ))
     ORDER BY i.id
-    LIMIT $3
+    LIMIT $4
     FOR UPDATE OF i SKIP LOCKED
 ), claimed AS (
     UPDATE inbox
     SET attempts = inbox.attempts + 1,
         claimed_at = now(),
-        claimed_by = $4::text,
-        claimed_build = $5::text,
-        claimed_session = nullif($6::bigint, 0)
+        claimed_by = $5::text,
+        claimed_build = $6::text,
+        claimed_session = nullif($2::bigint, 0)
     FROM target
     WHERE inbox.id = target.id
     RETURNING inbox.id, inbox.claimed_at
@@ -132,11 +140,11 @@ SELECT id, claimed_at::timestamptz AS claimed_at FROM claimed
 
 type InboxClaimUnfinishedParams struct {
 	LeaseSeconds  float64
+	Session       int64
 	FirstLossOnly bool
 	MaxRows       int32
 	Process       string
 	Build         string
-	Session       int64
 }
 
 type InboxClaimUnfinishedRow struct {
@@ -163,11 +171,11 @@ type InboxClaimUnfinishedRow struct {
 func (q *Queries) InboxClaimUnfinished(ctx context.Context, db DBTX, arg InboxClaimUnfinishedParams) ([]InboxClaimUnfinishedRow, error) {
 	rows, err := db.Query(ctx, inboxClaimUnfinished,
 		arg.LeaseSeconds,
+		arg.Session,
 		arg.FirstLossOnly,
 		arg.MaxRows,
 		arg.Process,
 		arg.Build,
-		arg.Session,
 	)
 	if err != nil {
 		return nil, err
@@ -268,20 +276,37 @@ func (q *Queries) InboxCompleteMany(ctx context.Context, db DBTX, arg InboxCompl
 
 const inboxHasUnfinished = `-- name: InboxHasUnfinished :one
 SELECT EXISTS (
-    SELECT 1 FROM inbox
-    WHERE status = 'pending'
-      AND next_attempt_at <= now()
-      AND claimed_at IS NOT NULL
-      AND (claimed_at < now() - make_interval(secs => $1::float8)
-           OR (claimed_session IS NOT NULL AND claimed_session NOT IN (SELECT inbox_live_sessions())))
+    SELECT 1 FROM inbox i
+    WHERE i.status = 'pending'
+      AND i.next_attempt_at <= now()
+      AND i.claimed_at IS NOT NULL
+      AND CASE
+              WHEN i.claimed_session IS NULL
+                  THEN i.claimed_at < now() - make_interval(secs => $1::float8)
+              WHEN i.claimed_session = nullif($2::bigint, 0)
+                  THEN i.claimed_at < now() - make_interval(secs => $1::float8)
+              ELSE i.claimed_session NOT IN (SELECT inbox_live_sessions())
+          END
+      AND EXISTS (
+          SELECT 1 FROM inbox_attempts a
+          WHERE a.inbox_id = i.id AND a.run = i.replay_count AND a.outcome = 'abandoned'
+      )
 )::boolean AS has_unfinished
 `
 
-// InboxHasUnfinished reports whether a message waits to be taken over (see
-// InboxClaimUnfinished), without locking anything: the worker pauses its
-// other work for a takeover only when there is one.
-func (q *Queries) InboxHasUnfinished(ctx context.Context, db DBTX, leaseSeconds float64) (bool, error) {
-	row := db.QueryRow(ctx, inboxHasUnfinished, leaseSeconds)
+type InboxHasUnfinishedParams struct {
+	LeaseSeconds float64
+	Session      int64
+}
+
+// InboxHasUnfinished reports whether a message that lost a claim before in
+// its run waits to be taken over alone (see InboxClaimUnfinished), without
+// locking anything: the worker makes room for such a takeover only when
+// there is one. Another process's live claim never counts, however old: it
+// is handling it (a slow batch). The caller's own claim counts past the
+// lease: it handles such a message only alone, so none of its batches has it.
+func (q *Queries) InboxHasUnfinished(ctx context.Context, db DBTX, arg InboxHasUnfinishedParams) (bool, error) {
+	row := db.QueryRow(ctx, inboxHasUnfinished, arg.LeaseSeconds, arg.Session)
 	var has_unfinished bool
 	err := row.Scan(&has_unfinished)
 	return has_unfinished, err

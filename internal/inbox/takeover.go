@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/orderconfirm/inboxd/internal/dbsqlc"
@@ -24,11 +25,20 @@ import (
 // kills the process again it costs no other message an attempt. Every other
 // batch, of new messages (Worker.runBatch) or of messages that lost their
 // first claim, runs on the shared side (shared); the messages handled alone
-// run on the exclusive side (alone), which waits for the batches in flight
-// and holds new ones back, for a run of such messages at a time (up to
-// takeOverSlice) rather than once each.
+// run on the exclusive side (alone), for a run of such messages at a time
+// (up to takeOverSlice) rather than once each.
+//
+// The exclusive side never waits for a slow batch: it is taken only once no
+// batch is in flight. While the takeover waits for that (up to
+// takeOverSlice, then again at its next tick), a batch about to start first
+// gives it up to yieldWait to get in; so a message handled alone delays the
+// other batches by at most that, and a slow batch delays only itself (Go's
+// RWMutex alone would hold every new batch back behind the waiting writer
+// for as long as the slow batch runs).
 type takeover struct {
 	exclusive sync.RWMutex
+	// wanted is set while alone waits for the exclusive side.
+	wanted atomic.Bool
 
 	batchSize int
 	interval  time.Duration
@@ -46,19 +56,45 @@ type takeover struct {
 // and goes on.
 const takeOverSlice = time.Second
 
+// yieldWait is the longest a batch about to start waits for a takeover that
+// wants the exclusive side.
+const yieldWait = 20 * time.Millisecond
+
 // shared runs step, one batch, on the shared side of exclusive: beside any
 // other batch, never while a message is handled alone.
 func (t *takeover) shared(step func() (int, error)) (int, error) {
+	for end := time.Now().Add(yieldWait); t.wanted.Load() && time.Now().Before(end); {
+		time.Sleep(time.Millisecond)
+	}
 	t.exclusive.RLock()
 	defer t.exclusive.RUnlock()
 	return step()
 }
 
+// lockAlone takes the exclusive side once no batch is in flight, without
+// holding new batches back (but for yieldWait each), and gives up after
+// takeOverSlice or when ctx ends. It reports whether it took it.
+func (t *takeover) lockAlone(ctx context.Context) bool {
+	t.wanted.Store(true)
+	defer t.wanted.Store(false)
+	for end := time.Now().Add(takeOverSlice); !t.exclusive.TryLock(); {
+		if ctx.Err() != nil || time.Now().After(end) {
+			return false
+		}
+		time.Sleep(time.Millisecond)
+	}
+	return true
+}
+
 // alone takes over, on the exclusive side of exclusive, the messages that
 // lost a claim before, one at a time, for up to takeOverSlice. It returns
-// how many it handled and whether it stopped with more to do.
+// how many it handled and whether it stopped with more to do. When batches
+// kept the exclusive side busy, it handles none, and the loop tries again
+// at its next tick.
 func (t *takeover) alone(ctx context.Context) (taken int, more bool, err error) {
-	t.exclusive.Lock()
+	if !t.lockAlone(ctx) {
+		return 0, false, nil
+	}
 	defer t.exclusive.Unlock()
 	for end := time.Now().Add(takeOverSlice); time.Now().Before(end); taken++ {
 		n, err := t.claim(ctx, false, 1)
@@ -141,5 +177,7 @@ func (w *Worker) claimUnfinished(ctx context.Context, firstLossOnly bool, max in
 
 // hasUnfinished reports whether a message waits to be taken over.
 func (w *Worker) hasUnfinished(ctx context.Context) (bool, error) {
-	return w.queries.InboxHasUnfinished(ctx, w.pool, w.cfg.ClaimLease.Seconds())
+	return w.queries.InboxHasUnfinished(ctx, w.pool, dbsqlc.InboxHasUnfinishedParams{
+		LeaseSeconds: w.cfg.ClaimLease.Seconds(), Session: w.live.session(),
+	})
 }

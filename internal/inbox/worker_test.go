@@ -891,3 +891,56 @@ func TestWorkerStoresAnyErrorText(t *testing.T) {
 	require.Equal(t, "bad  byte and \uFFFD invalid UTF-8", *r.LastError)
 	require.Equal(t, inbox.StatusProcessed, readRow(t, b.db.Pool, "m-1").Status)
 }
+
+// slowHandler holds the batch that has the message slow until released,
+// and handles every other batch as effectHandler does.
+type slowHandler struct {
+	*effectHandler
+	entered, release chan struct{}
+}
+
+func (h *slowHandler) HandleBatch(ctx context.Context, tx pgx.Tx, msgs []inbox.Message) ([]inbox.Outcome, error) {
+	for _, m := range msgs {
+		if m.MessageID == "slow" {
+			close(h.entered)
+			select {
+			case <-h.release:
+			case <-ctx.Done():
+			}
+		}
+	}
+	return h.effectHandler.HandleBatch(ctx, tx, msgs)
+}
+
+// Acceptance: a batch that runs far past the claim lease (a lock held that
+// long) is never taken over and never pauses the worker's other batches:
+// the messages that arrive meanwhile are handled while it is still running.
+func TestASlowBatchSlowsOnlyItself(t *testing.T) {
+	t.Parallel()
+	b := setupWorker(t)
+	h := &slowHandler{effectHandler: b.handler, entered: make(chan struct{}), release: make(chan struct{})}
+	w, err := inbox.NewWorker(b.db.Pool, &inbox.WorkerConfig{
+		Handler: h, Logger: testenv.Logger(t), Concurrency: 2, BatchSize: 10,
+		PollInterval: 20 * time.Millisecond, ClaimLease: 100 * time.Millisecond, HandlerTimeout: time.Minute,
+	})
+	require.NoError(t, err)
+	insertOrdered(t, b.db.Pool, "slow", "")
+	require.NoError(t, w.Start(t.Context()))
+	t.Cleanup(func() { w.Stop(context.WithoutCancel(t.Context())) })
+	<-h.entered
+	time.Sleep(300 * time.Millisecond) // the slow batch's claim is past its lease
+
+	for i := range 20 {
+		insertOrdered(t, b.db.Pool, fmt.Sprintf("m-%d", i), "")
+		w.Notify()
+		require.Eventually(t, func() bool {
+			return b.db.Int(t, "SELECT count(*) FROM effects WHERE message_id = $1", fmt.Sprintf("m-%d", i)) == 1
+		}, 5*time.Second, 5*time.Millisecond, "m-%d handled while the slow batch runs", i)
+	}
+	close(h.release)
+	require.Eventually(t, func() bool {
+		return readRow(t, b.db.Pool, "slow").Status == inbox.StatusProcessed
+	}, 10*time.Second, 10*time.Millisecond)
+	require.Equal(t, 1, readRow(t, b.db.Pool, "slow").Attempts, "the live claim was not taken over")
+	require.Zero(t, b.db.Int(t, "SELECT count(*) FROM inbox_attempts WHERE outcome = 'abandoned'"))
+}
