@@ -61,6 +61,8 @@ func decide(cfg *WorkerConfig, c *claimed) decision {
 		return decision{status: outcomeWaiting, lastError: storable("waiting: " + out.Err.Error()), delay: wait.after}
 	case IsLockNotAvailable(out.Err):
 		return decision{status: outcomeWaiting, lastError: storable("waiting: a row it needs is locked by another session: " + out.Err.Error()), delay: WaitDefault}
+	case isDatabaseTrouble(out.Err):
+		return decision{status: outcomeWaiting, lastError: storable("waiting: the database, not the message: " + out.Err.Error()), delay: WaitDefault}
 	case errors.Is(out.Err, ErrPermanent), m.Attempt >= cfg.MaxAttempts:
 		return decision{status: StatusDead, lastError: storable(out.Err.Error())}
 	case errors.As(out.Err, &ra):
@@ -76,6 +78,27 @@ func decide(cfg *WorkerConfig, c *claimed) decision {
 func IsLockNotAvailable(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "55P03"
+}
+
+// isDatabaseTrouble reports whether err is the database's trouble rather
+// than the message's, so that it costs no attempt: a lost or refused
+// connection (class 08), a server shutting down or starting (57P01-57P03),
+// too many connections (53300), a serialization failure or deadlock (40001,
+// 40P01), and a statement_timeout. A statement cancelled because the
+// handler's own time ran out (57014 "due to user request") is the message's,
+// and counts.
+func isDatabaseTrouble(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	switch pgErr.Code {
+	case "40001", "40P01", "53300", "57P01", "57P02", "57P03":
+		return true
+	case "57014":
+		return strings.Contains(pgErr.Message, "statement timeout")
+	}
+	return strings.HasPrefix(pgErr.Code, "08")
 }
 
 // storable makes a handler's result or error text safe for a text column
