@@ -17,7 +17,9 @@ import (
 func TestDecide(t *testing.T) {
 	t.Parallel()
 	cfg := &WorkerConfig{MaxAttempts: 3, RetryBase: time.Second, RetryMax: time.Minute}
-	pg := func(code, msg string) error { return fmt.Errorf("stock: %w", &pgconn.PgError{Code: code, Message: msg}) }
+	pg := func(code, msg string) error {
+		return fmt.Errorf("stock: %w", &pgconn.PgError{Code: code, Message: msg})
+	}
 	for name, tc := range map[string]struct {
 		attempt int
 		err     error
