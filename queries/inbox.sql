@@ -83,13 +83,9 @@ WITH target AS (
       -- whose liveness is unknown (no session key), and the caller's own
       -- claims, which it is not handling if it has not locked them by then
       -- (its batch failed); the rows its batches hold locked are skipped.
-      AND CASE
-              WHEN i.claimed_session IS NULL
-                  THEN i.claimed_at < now() - make_interval(secs => sqlc.arg(lease_seconds)::float8)
-              WHEN i.claimed_session = nullif(sqlc.arg(session)::bigint, 0)
-                  THEN i.claimed_at < now() - make_interval(secs => sqlc.arg(lease_seconds)::float8)
-              ELSE i.claimed_session NOT IN (SELECT inbox_live_sessions())
-          END
+      AND CASE WHEN i.claimed_session IS NULL OR i.claimed_session = nullif(sqlc.arg(session)::bigint, 0)
+               THEN i.claimed_at < now() - make_interval(secs => sqlc.arg(lease_seconds)::float8)
+               ELSE i.claimed_session NOT IN (SELECT inbox_live_sessions()) END
       AND (NOT sqlc.arg(first_loss_only)::boolean OR NOT EXISTS (
           SELECT 1 FROM inbox_attempts a
           WHERE a.inbox_id = i.id AND a.run = i.replay_count AND a.outcome = 'abandoned'
@@ -241,16 +237,10 @@ SELECT message_id::text AS message_id, stored_sha256, conflicting_sha256, delive
 -- lease: it handles such a message only alone, so none of its batches has it.
 SELECT EXISTS (
     SELECT 1 FROM inbox i
-    WHERE i.status = 'pending'
-      AND i.next_attempt_at <= now()
-      AND i.claimed_at IS NOT NULL
-      AND CASE
-              WHEN i.claimed_session IS NULL
-                  THEN i.claimed_at < now() - make_interval(secs => sqlc.arg(lease_seconds)::float8)
-              WHEN i.claimed_session = nullif(sqlc.arg(session)::bigint, 0)
-                  THEN i.claimed_at < now() - make_interval(secs => sqlc.arg(lease_seconds)::float8)
-              ELSE i.claimed_session NOT IN (SELECT inbox_live_sessions())
-          END
+    WHERE i.status = 'pending' AND i.next_attempt_at <= now() AND i.claimed_at IS NOT NULL
+      AND CASE WHEN i.claimed_session IS NULL OR i.claimed_session = nullif(sqlc.arg(session)::bigint, 0)
+               THEN i.claimed_at < now() - make_interval(secs => sqlc.arg(lease_seconds)::float8)
+               ELSE i.claimed_session NOT IN (SELECT inbox_live_sessions()) END
       AND EXISTS (
           SELECT 1 FROM inbox_attempts a
           WHERE a.inbox_id = i.id AND a.run = i.replay_count AND a.outcome = 'abandoned'

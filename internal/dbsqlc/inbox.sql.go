@@ -97,13 +97,9 @@ WITH target AS (
       -- whose liveness is unknown (no session key), and the caller's own
       -- claims, which it is not handling if it has not locked them by then
       -- (its batch failed); the rows its batches hold locked are skipped.
-      AND CASE
-              WHEN i.claimed_session IS NULL
-                  THEN i.claimed_at < now() - make_interval(secs => $1::float8)
-              WHEN i.claimed_session = nullif($2::bigint, 0)
-                  THEN i.claimed_at < now() - make_interval(secs => $1::float8)
-              ELSE i.claimed_session NOT IN (SELECT inbox_live_sessions())
-          END
+      AND CASE WHEN i.claimed_session IS NULL OR i.claimed_session = nullif($1::bigint, 0)
+               THEN i.claimed_at < now() - make_interval(secs => $2::float8)
+               ELSE i.claimed_session NOT IN (SELECT inbox_live_sessions()) END
       AND (NOT $3::boolean OR NOT EXISTS (
           SELECT 1 FROM inbox_attempts a
           WHERE a.inbox_id = i.id AND a.run = i.replay_count AND a.outcome = 'abandoned'
@@ -123,7 +119,7 @@ WITH target AS (
         claimed_at = now(),
         claimed_by = $5::text,
         claimed_build = $6::text,
-        claimed_session = nullif($2::bigint, 0)
+        claimed_session = nullif($1::bigint, 0)
     FROM target
     WHERE inbox.id = target.id
     RETURNING inbox.id, inbox.claimed_at
@@ -139,8 +135,8 @@ SELECT id, claimed_at::timestamptz AS claimed_at FROM claimed
 `
 
 type InboxClaimUnfinishedParams struct {
-	LeaseSeconds  float64
 	Session       int64
+	LeaseSeconds  float64
 	FirstLossOnly bool
 	MaxRows       int32
 	Process       string
@@ -170,8 +166,8 @@ type InboxClaimUnfinishedRow struct {
 // process, and is taken over alone.
 func (q *Queries) InboxClaimUnfinished(ctx context.Context, db DBTX, arg InboxClaimUnfinishedParams) ([]InboxClaimUnfinishedRow, error) {
 	rows, err := db.Query(ctx, inboxClaimUnfinished,
-		arg.LeaseSeconds,
 		arg.Session,
+		arg.LeaseSeconds,
 		arg.FirstLossOnly,
 		arg.MaxRows,
 		arg.Process,
@@ -277,16 +273,10 @@ func (q *Queries) InboxCompleteMany(ctx context.Context, db DBTX, arg InboxCompl
 const inboxHasUnfinished = `-- name: InboxHasUnfinished :one
 SELECT EXISTS (
     SELECT 1 FROM inbox i
-    WHERE i.status = 'pending'
-      AND i.next_attempt_at <= now()
-      AND i.claimed_at IS NOT NULL
-      AND CASE
-              WHEN i.claimed_session IS NULL
-                  THEN i.claimed_at < now() - make_interval(secs => $1::float8)
-              WHEN i.claimed_session = nullif($2::bigint, 0)
-                  THEN i.claimed_at < now() - make_interval(secs => $1::float8)
-              ELSE i.claimed_session NOT IN (SELECT inbox_live_sessions())
-          END
+    WHERE i.status = 'pending' AND i.next_attempt_at <= now() AND i.claimed_at IS NOT NULL
+      AND CASE WHEN i.claimed_session IS NULL OR i.claimed_session = nullif($1::bigint, 0)
+               THEN i.claimed_at < now() - make_interval(secs => $2::float8)
+               ELSE i.claimed_session NOT IN (SELECT inbox_live_sessions()) END
       AND EXISTS (
           SELECT 1 FROM inbox_attempts a
           WHERE a.inbox_id = i.id AND a.run = i.replay_count AND a.outcome = 'abandoned'
@@ -295,8 +285,8 @@ SELECT EXISTS (
 `
 
 type InboxHasUnfinishedParams struct {
-	LeaseSeconds float64
 	Session      int64
+	LeaseSeconds float64
 }
 
 // InboxHasUnfinished reports whether a message that lost a claim before in
@@ -306,7 +296,7 @@ type InboxHasUnfinishedParams struct {
 // is handling it (a slow batch). The caller's own claim counts past the
 // lease: it handles such a message only alone, so none of its batches has it.
 func (q *Queries) InboxHasUnfinished(ctx context.Context, db DBTX, arg InboxHasUnfinishedParams) (bool, error) {
-	row := db.QueryRow(ctx, inboxHasUnfinished, arg.LeaseSeconds, arg.Session)
+	row := db.QueryRow(ctx, inboxHasUnfinished, arg.Session, arg.LeaseSeconds)
 	var has_unfinished bool
 	err := row.Scan(&has_unfinished)
 	return has_unfinished, err
