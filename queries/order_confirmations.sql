@@ -40,3 +40,9 @@ UPDATE order_confirmations
 SET status = 'rejected', reason = u.reason, updated_at = now()
 FROM (SELECT unnest(@order_ids::text[]) AS order_id, unnest(@reasons::text[]) AS reason) AS u
 WHERE order_confirmations.order_id = u.order_id AND order_confirmations.status = 'confirmed';
+
+-- name: OrderLock :many
+-- OrderLock locks the rows the cancellations of order_ids change, waiting
+-- at most wait_ms (see order_lock), and returns the orders another session
+-- holds a row of.
+SELECT o.order_id::text AS order_id FROM order_lock(@order_ids::text[], @wait_ms::integer) AS o;

@@ -135,3 +135,35 @@ func (q *Queries) OrderConfirmationRejectMany(ctx context.Context, db DBTX, arg 
 	_, err := db.Exec(ctx, orderConfirmationRejectMany, arg.OrderIds, arg.Reasons)
 	return err
 }
+
+const orderLock = `-- name: OrderLock :many
+SELECT o.order_id::text AS order_id FROM order_lock($1::text[], $2::integer) AS o
+`
+
+type OrderLockParams struct {
+	OrderIds []string
+	WaitMs   int32
+}
+
+// OrderLock locks the rows the cancellations of order_ids change, waiting
+// at most wait_ms (see order_lock), and returns the orders another session
+// holds a row of.
+func (q *Queries) OrderLock(ctx context.Context, db DBTX, arg OrderLockParams) ([]string, error) {
+	rows, err := db.Query(ctx, orderLock, arg.OrderIds, arg.WaitMs)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []string
+	for rows.Next() {
+		var order_id string
+		if err := rows.Scan(&order_id); err != nil {
+			return nil, err
+		}
+		items = append(items, order_id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}

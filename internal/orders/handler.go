@@ -81,6 +81,9 @@ func (h *Handler) HandleBatch(ctx context.Context, tx pgx.Tx, msgs []inbox.Messa
 	if err != nil {
 		return nil, err
 	}
+	if blocked, err = h.lockOrders(ctx, tx, ready, blocked); err != nil {
+		return nil, err
+	}
 	ready, waiting := holdBack(ready, blocked)
 	applied, err := h.apply(ctx, tx, ready, locked)
 	if err != nil {
@@ -115,15 +118,16 @@ func decodeBatch(msgs []inbox.Message) ([]message, []handled) {
 }
 
 // holdBack returns the messages that run now, and the outcome of each that
-// waits instead: one that needs stock rows another session holds (blocked,
-// by batch index) waits, and holds back the later messages of its order in
-// this batch too (they share one only when they have no ordering key).
-func holdBack(ready []message, blocked map[int][]string) (run []message, waiting []handled) {
+// waits instead: one that needs rows another session holds (blocked, by
+// batch index, with the reason) waits, and holds back the later messages of
+// its order in this batch too (they share one only when they have no
+// ordering key).
+func holdBack(ready []message, blocked map[int]string) (run []message, waiting []handled) {
 	waits := map[string]error{}
 	for _, m := range ready {
 		id := m.orderID()
-		if skus := blocked[m.index]; len(skus) > 0 {
-			waits[id] = fmt.Errorf("stock row %s locked by another session", strings.Join(skus, ", "))
+		if reason := blocked[m.index]; reason != "" {
+			waits[id] = errors.New(reason)
 		} else if waits[id] == nil {
 			run = append(run, m)
 			continue
@@ -207,9 +211,9 @@ const StockHeldMemory = 2 * time.Second
 // SKU order, so that batches cannot deadlock, and waits at most
 // StockLockWait: a row that another session holds longer (an operator's
 // open transaction, say) is not waited for. It returns, per message index,
-// the SKUs it needs that another session holds (those messages must not
-// run now), and the levels of the rows it locked.
-func (h *Handler) lockStock(ctx context.Context, tx pgx.Tx, ready []message) (map[int][]string, map[string]int32, error) {
+// why it must not run now when it needs stock rows another session holds,
+// and the levels of the rows it locked.
+func (h *Handler) lockStock(ctx context.Context, tx pgx.Tx, ready []message) (map[int]string, map[string]int32, error) {
 	needs, err := h.stockNeeds(ctx, tx, ready)
 	if err != nil {
 		return nil, nil, err
@@ -227,15 +231,51 @@ func (h *Handler) lockStock(ctx context.Context, tx pgx.Tx, ready []message) (ma
 	if err != nil || len(held) == 0 {
 		return nil, levels, err
 	}
-	blocked := map[int][]string{}
+	blocked := map[int]string{}
 	for i, need := range needs {
+		var skus []string
 		for _, sku := range slices.Sorted(slices.Values(need)) {
-			if held[sku] && !slices.Contains(blocked[i], sku) {
-				blocked[i] = append(blocked[i], sku)
+			if held[sku] && !slices.Contains(skus, sku) {
+				skus = append(skus, sku)
 			}
+		}
+		if len(skus) > 0 {
+			blocked[i] = fmt.Sprintf("stock row %s locked by another session", strings.Join(skus, ", "))
 		}
 	}
 	return blocked, levels, nil
+}
+
+// lockOrders locks the rows the batch's cancellations change, their orders'
+// order_confirmations and stock_reservations rows, waiting StockLockWait at
+// most (see order_lock), and returns blocked with each cancellation added
+// whose order has a row another session holds: it waits, and the batch goes
+// on.
+func (h *Handler) lockOrders(ctx context.Context, tx pgx.Tx, ready []message, blocked map[int]string) (map[int]string, error) {
+	byOrder := map[string][]int{}
+	for _, m := range ready {
+		if m.cancelled != nil && blocked[m.index] == "" {
+			byOrder[m.cancelled.OrderID] = append(byOrder[m.cancelled.OrderID], m.index)
+		}
+	}
+	if len(byOrder) == 0 {
+		return blocked, nil
+	}
+	held, err := h.queries.OrderLock(ctx, tx, dbsqlc.OrderLockParams{
+		OrderIds: slices.Sorted(maps.Keys(byOrder)), WaitMs: int32(StockLockWait.Milliseconds()),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("lock orders: %w", err)
+	}
+	if len(held) > 0 && blocked == nil {
+		blocked = map[int]string{}
+	}
+	for _, id := range held {
+		for _, i := range byOrder[id] {
+			blocked[i] = fmt.Sprintf("order %s: its order_confirmations or stock_reservations rows are locked by another session", id)
+		}
+	}
+	return blocked, nil
 }
 
 // stockNeeds returns, per message index, the SKUs of the stock rows each

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -307,4 +308,40 @@ func TestHandlerWaitsOnlyForHeldStockRows(t *testing.T) {
 	out = b.handle(t, order("m-1", "o-1", "HELD-1"))
 	require.Equal(t, orders.ResultConfirmed, out[0].Result)
 	require.Equal(t, 9, b.available(t, "HELD-1"))
+}
+
+// Acceptance: an order_confirmations or stock_reservations row that another
+// session holds (an owner's open UPDATE or FOR UPDATE) makes only the
+// cancellation that needs it wait, at once and with its reason; the rest of
+// the batch goes on, and the cancellation runs once the lock ends.
+func TestHandlerWaitsOnlyForHeldOrderRows(t *testing.T) {
+	t.Parallel()
+	for name, lock := range map[string]string{
+		"OrderConfirmations": "SELECT * FROM order_confirmations WHERE order_id = 'o-held' FOR UPDATE",
+		"StockReservations":  "SELECT * FROM stock_reservations WHERE order_id = 'o-held' AND sku = 'SKU-2' FOR UPDATE",
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			b.handle(t, created("c-held", "o-held"), created("c-free", "o-free"))
+			owner, err := b.db.Pool.Begin(t.Context())
+			require.NoError(t, err)
+			defer func() { _ = owner.Rollback(context.WithoutCancel(t.Context())) }()
+			_, err = owner.Exec(t.Context(), lock)
+			require.NoError(t, err)
+
+			started := time.Now()
+			out := b.handle(t, cancelled("x-held", "o-held"), cancelled("x-free", "o-free"), created("c-new", "o-new"))
+			require.Less(t, time.Since(started), orders.StockLockWait+2*time.Second, "no lock_timeout was waited out")
+			require.ErrorContains(t, out[0].Err, "order o-held: its order_confirmations or stock_reservations rows are locked by another session")
+			require.Equal(t, orders.ResultCancelled, out[1].Result)
+			require.Equal(t, orders.ResultConfirmed, out[2].Result)
+			status, _ := b.order(t, "o-held")
+			require.Equal(t, "confirmed", status)
+
+			require.NoError(t, owner.Rollback(t.Context()))
+			out = b.handle(t, cancelled("x-held", "o-held"))
+			require.Equal(t, orders.ResultCancelled, out[0].Result)
+		})
+	}
 }
