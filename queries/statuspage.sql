@@ -113,3 +113,13 @@ SELECT run, attempt, outcome, error, result, process, build, started_at, finishe
 FROM inbox_attempts
 WHERE inbox_id = sqlc.arg(inbox_id)
 ORDER BY run, attempt;
+
+-- name: StatusPageLockHolders :many
+-- StatusPageLockHolders reads inbox_lock_holders, the longest open first.
+SELECT pid::integer AS pid, coalesce(usename, '')::text AS usename, coalesce(application_name, '')::text AS application_name,
+       coalesce(client_addr, '')::text AS client_addr, coalesce(state, '')::text AS state,
+       xact_start::timestamptz AS xact_start, coalesce(extract(epoch FROM open_for), 0)::float8 AS open_seconds,
+       tables::text[] AS tables, end_sql::text AS end_sql
+FROM inbox_lock_holders
+ORDER BY xact_start
+LIMIT sqlc.arg(max_rows);

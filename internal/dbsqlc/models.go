@@ -108,6 +108,18 @@ type InboxHeldBack struct {
 	OldestHeldReceivedAt interface{}
 }
 
+type InboxLockHolder struct {
+	Pid             pgtype.Int4
+	Usename         string
+	ApplicationName pgtype.Text
+	ClientAddr      string
+	State           pgtype.Text
+	XactStart       *time.Time
+	OpenFor         int32
+	Tables          interface{}
+	EndSql          string
+}
+
 type InboxOverview struct {
 	Pending                    int64
 	InProgress                 int64

@@ -291,6 +291,59 @@ func (q *Queries) StatusPageInboxOverview(ctx context.Context, db DBTX) (StatusP
 	return i, err
 }
 
+const statusPageLockHolders = `-- name: StatusPageLockHolders :many
+SELECT pid::integer AS pid, coalesce(usename, '')::text AS usename, coalesce(application_name, '')::text AS application_name,
+       coalesce(client_addr, '')::text AS client_addr, coalesce(state, '')::text AS state,
+       xact_start::timestamptz AS xact_start, coalesce(extract(epoch FROM open_for), 0)::float8 AS open_seconds,
+       tables::text[] AS tables, end_sql::text AS end_sql
+FROM inbox_lock_holders
+ORDER BY xact_start
+LIMIT $1
+`
+
+type StatusPageLockHoldersRow struct {
+	Pid             int32
+	Usename         string
+	ApplicationName string
+	ClientAddr      string
+	State           string
+	XactStart       time.Time
+	OpenSeconds     float64
+	Tables          []string
+	EndSql          string
+}
+
+// StatusPageLockHolders reads inbox_lock_holders, the longest open first.
+func (q *Queries) StatusPageLockHolders(ctx context.Context, db DBTX, maxRows int32) ([]StatusPageLockHoldersRow, error) {
+	rows, err := db.Query(ctx, statusPageLockHolders, maxRows)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []StatusPageLockHoldersRow
+	for rows.Next() {
+		var i StatusPageLockHoldersRow
+		if err := rows.Scan(
+			&i.Pid,
+			&i.Usename,
+			&i.ApplicationName,
+			&i.ClientAddr,
+			&i.State,
+			&i.XactStart,
+			&i.OpenSeconds,
+			&i.Tables,
+			&i.EndSql,
+		); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
 const statusPageMessage = `-- name: StatusPageMessage :one
 SELECT id, message_id, message_type, routing_key, status, attempts, last_error, result,
        received_at, next_attempt_at, claimed_at, claimed_by, claimed_build, processed_at,

@@ -2,6 +2,7 @@ package statuspage_test
 
 import (
 	"context"
+	"fmt"
 	"encoding/json"
 	"io"
 	"net"
@@ -229,6 +230,48 @@ func TestStatusPageCountsDeadOutboxRows(t *testing.T) {
 	status, body := get(t, b.server.URL+"/")
 	require.Equal(t, http.StatusOK, status)
 	require.Contains(t, body, `data-metric="outbox_dead"`)
+}
+
+// A session that has held rows of the service for over 5 seconds (an
+// operator's SELECT … FOR UPDATE left open, its timeouts set to 0) is
+// listed, with the statement that ends it, in inbox_lock_holders and on the
+// page; a session that only reads is not.
+func TestStatusPageShowsSessionsHoldingRows(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	ctx := context.WithoutCancel(t.Context())
+	holder := b.db.Session(t)
+	_, err := holder.Exec(ctx, "SET application_name = 'psql-alice'")
+	require.NoError(t, err)
+	_, err = holder.Exec(ctx, "SET idle_in_transaction_session_timeout = 0")
+	require.NoError(t, err)
+	tx, err := holder.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, "SELECT * FROM inbox WHERE status = 'dead' LIMIT 1 FOR UPDATE")
+	require.NoError(t, err)
+	reader := b.db.Session(t)
+	rtx, err := reader.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = rtx.Rollback(ctx) }()
+	_, err = rtx.Exec(ctx, "SELECT count(*) FROM inbox")
+	require.NoError(t, err)
+
+	var pid int32
+	require.NoError(t, holder.QueryRow(ctx, "SELECT pg_backend_pid()").Scan(&pid))
+	time.Sleep(5500 * time.Millisecond) // past the view's 5 seconds
+	o := b.page.Overview()
+	require.Len(t, o.LockHolders, 1, "the holder, not the reader")
+	h := o.LockHolders[0]
+	require.Equal(t, pid, h.Pid)
+	require.Equal(t, "psql-alice", h.ApplicationName)
+	require.Equal(t, []string{"inbox"}, h.Tables)
+	require.Equal(t, fmt.Sprintf("SELECT pg_terminate_backend(%d);", pid), h.EndSQL)
+	require.GreaterOrEqual(t, h.OpenSeconds, 5.0)
+	status, body := get(t, b.server.URL+"/")
+	require.Equal(t, http.StatusOK, status)
+	require.Contains(t, body, "psql-alice")
+	require.Contains(t, body, h.EndSQL)
 }
 
 // replayed runs a replay statement in a transaction it rolls back and

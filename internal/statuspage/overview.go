@@ -25,6 +25,7 @@ type Overview struct {
 	HeldBack        []HeldOrder    `json:"held_back"`
 	Replays         []Replay       `json:"replays"`
 	Conflicts       []Conflict     `json:"conflicts"`
+	LockHolders     []LockHolder   `json:"lock_holders"`
 }
 
 // NeedsAttention reports whether something needs a person: the database is
@@ -142,6 +143,21 @@ type Replay struct {
 	ReplayReason *string    `json:"replay_reason"`
 	Status       string     `json:"status"`
 	Result       *string    `json:"result"`
+}
+
+// LockHolder is a row of inbox_lock_holders: a session whose transaction has
+// held a lock on the service's tables for over 5 seconds, and the statement
+// that ends it.
+type LockHolder struct {
+	Pid             int32     `json:"pid"`
+	User            string    `json:"user"`
+	ApplicationName string    `json:"application_name"`
+	ClientAddr      string    `json:"client_addr"`
+	State           string    `json:"state"`
+	XactStart       time.Time `json:"xact_start"`
+	OpenSeconds     float64   `json:"open_seconds"`
+	Tables          []string  `json:"tables"`
+	EndSQL          string    `json:"end_sql"`
 }
 
 // Conflict is a row of inbox_conflicts, without the conflicting payload.

@@ -74,7 +74,7 @@ func (r *reader) overview(ctx context.Context) (*Overview, error) {
 	o := &Overview{}
 	sections := []func(context.Context, pgx.Tx, *Overview) error{
 		r.inboxNow, r.outboxNow, r.throughput, r.deadByError, r.failuresByBuild,
-		r.dead, r.heldBack, r.replays, r.conflicts,
+		r.dead, r.heldBack, r.replays, r.conflicts, r.lockHolders,
 	}
 	err := r.inTx(ctx, func(ctx context.Context, tx pgx.Tx) error {
 		for _, read := range sections {
@@ -223,6 +223,22 @@ func (r *reader) conflicts(ctx context.Context, tx pgx.Tx, o *Overview) error {
 	}
 	for _, c := range conflicts {
 		o.Conflicts = append(o.Conflicts, Conflict(c))
+	}
+	return nil
+}
+
+// lockHolders reads inbox_lock_holders.
+func (r *reader) lockHolders(ctx context.Context, tx pgx.Tx, o *Overview) error {
+	r.count("inbox_lock_holders")
+	holders, err := r.q.StatusPageLockHolders(ctx, tx, r.maxRows)
+	if err != nil {
+		return fmt.Errorf("read inbox_lock_holders: %w", err)
+	}
+	for _, h := range holders {
+		o.LockHolders = append(o.LockHolders, LockHolder{
+			Pid: h.Pid, User: h.Usename, ApplicationName: h.ApplicationName, ClientAddr: h.ClientAddr, State: h.State,
+			XactStart: h.XactStart, OpenSeconds: h.OpenSeconds, Tables: h.Tables, EndSQL: h.EndSql,
+		})
 	}
 	return nil
 }
