@@ -114,10 +114,12 @@ func TestDisruptiveMemoryAlarm(t *testing.T) {
 
 	env := serviceEnv(b.db, b.broker, "INBOX_SHUTDOWN_TIMEOUT=5s", "INBOX_INGEST_BATCH_SIZE=50")
 	p := startProcess(t, env)
-	// The orders before the message without an id are stored (and acked)
-	// though nothing can be published: consuming is not blocked.
-	require.Eventually(t, func() bool { return b.count(t, "SELECT count(*) FROM inbox") >= 100 },
-		30*time.Second, 20*time.Millisecond, "ingest stores during the alarm")
+	// Every order is stored (and acked) though nothing can be published,
+	// those behind the message without an id too: consuming is not
+	// blocked, and the dead letter waits, unacknowledged, for the alarm to
+	// clear.
+	require.Eventually(t, func() bool { return b.count(t, "SELECT count(*) FROM inbox") == w.UniqueMessageIDs },
+		30*time.Second, 20*time.Millisecond, "ingest stores every order during the alarm")
 	took := p.terminate(30 * time.Second)
 	require.Less(t, took, 5*time.Second+2*time.Second, "SIGTERM during the alarm exits within the grace period")
 

@@ -54,8 +54,17 @@ func (i *Ingest) collect(sessCtx, workCtx context.Context, in inbound, b *batch,
 	linger := time.NewTimer(time.Hour)
 	linger.Stop()
 	defer linger.Stop()
+	// Held dead letters are tried again each second, new deliveries or not.
+	retryHeld := time.NewTicker(time.Second)
+	defer retryHeld.Stop()
 	for {
 		select {
+		case <-retryHeld.C:
+			if len(dl.held) > 0 && len(b.deliveries) == 0 {
+				if _, err := dl.handle(workCtx, nil); err != nil {
+					return err
+				}
+			}
 		case d, ok := <-in.deliveries:
 			if !ok {
 				return channelError(in.closed, "delivery channel closed")
@@ -119,13 +128,12 @@ func (i *Ingest) flush(ctx context.Context, b *batch, dl *deadLetters) error {
 	for _, n := range res.rejects {
 		rejects = append(rejects, rejection{delivery: b.deliveries[rows[n].delivery], reason: "refused by the database"})
 	}
-	if len(rejects) > 0 {
-		if err := dl.publish(ctx, rejects); err != nil {
-			return fmt.Errorf("dead-letter %d deliveries: %w", len(rejects), err)
-		}
+	held, err := dl.handle(ctx, rejects)
+	if err != nil {
+		return fmt.Errorf("dead-letter %d deliveries: %w", len(rejects), err)
 	}
-	if err := b.deliveries[len(b.deliveries)-1].Ack(true); err != nil {
-		return fmt.Errorf("ack batch: %w", err)
+	if err := ack(b, held, rejects); err != nil {
+		return err
 	}
 	i.report(ctx, Stats{
 		Deliveries:   len(b.deliveries),
@@ -137,6 +145,31 @@ func (i *Ingest) flush(ctx context.Context, b *batch, dl *deadLetters) error {
 	b.reset()
 	if res.inserted > 0 && i.cfg.OnStored != nil {
 		i.cfg.OnStored()
+	}
+	return nil
+}
+
+// ack acknowledges the deliveries of b: all with one multiple ack, or, while
+// dead letters are held (each must stay unacknowledged until it is
+// published), each stored one on its own.
+func ack(b *batch, held bool, rejects []rejection) error {
+	if !held {
+		if err := b.deliveries[len(b.deliveries)-1].Ack(true); err != nil {
+			return fmt.Errorf("ack batch: %w", err)
+		}
+		return nil
+	}
+	rejected := map[uint64]bool{}
+	for _, r := range rejects {
+		rejected[r.delivery.DeliveryTag] = true
+	}
+	for _, d := range b.deliveries {
+		if rejected[d.DeliveryTag] {
+			continue
+		}
+		if err := d.Ack(false); err != nil {
+			return fmt.Errorf("ack delivery: %w", err)
+		}
 	}
 	return nil
 }

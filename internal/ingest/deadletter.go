@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync/atomic"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -20,15 +22,28 @@ type rejection struct {
 
 // deadLetters publishes rejected deliveries on a channel in confirm mode, of
 // the dead-letter connection.
+//
+// While the broker blocks that connection (a memory or disk alarm), or when
+// a publish is not confirmed within the wait a batch allows, the rejected
+// deliveries are held, unacknowledged and in order, and ingest goes on
+// storing: nothing waits on the blocked connection. They are published, and
+// then acknowledged each on its own, once the connection is unblocked.
 type deadLetters struct {
 	ch      *amqp.Channel
 	returns <-chan amqp.Return
 	logger  *slog.Logger
+	// blocked is set while the broker blocks the connection.
+	blocked *atomic.Bool
+	// held are the rejected deliveries waiting to be dead-lettered, oldest
+	// first; each one keeps its place in the channel's unacknowledged
+	// deliveries, so a batch is acknowledged delivery by delivery meanwhile.
+	held []rejection
 }
 
 // openDeadLetters opens the dead-letter channel on pubConn; a batch holds
-// at most batchSize dead letters.
-func openDeadLetters(pubConn *amqp.Connection, batchSize int, logger *slog.Logger) (*deadLetters, error) {
+// at most batchSize dead letters. blocked says whether the broker blocks
+// pubConn (see watchBlocked).
+func openDeadLetters(pubConn *amqp.Connection, batchSize int, blocked *atomic.Bool, logger *slog.Logger) (*deadLetters, error) {
 	ch, err := pubConn.Channel()
 	if err != nil {
 		return nil, fmt.Errorf("open dead-letter channel: %w", err)
@@ -39,7 +54,59 @@ func openDeadLetters(pubConn *amqp.Connection, batchSize int, logger *slog.Logge
 	// A dead letter no queue takes comes back (mandatory); a batch has at
 	// most BatchSize of them, drained after each.
 	returns := ch.NotifyReturn(make(chan amqp.Return, batchSize))
-	return &deadLetters{ch: ch, returns: returns, logger: logger}, nil
+	return &deadLetters{ch: ch, returns: returns, logger: logger, blocked: blocked}, nil
+}
+
+// watchBlocked keeps blocked set while the broker blocks conn (connection.
+// blocked: a memory or disk alarm), until conn closes.
+func watchBlocked(conn *amqp.Connection, blocked *atomic.Bool, logger *slog.Logger) {
+	notes := conn.NotifyBlocked(make(chan amqp.Blocking, 1))
+	go func() {
+		for b := range notes {
+			blocked.Store(b.Active)
+			if b.Active {
+				logger.Warn("broker blocks the dead-letter connection; dead letters are held until it unblocks", slog.String("reason", b.Reason))
+			} else {
+				logger.Info("broker unblocked the dead-letter connection")
+			}
+		}
+	}()
+}
+
+// deadLetterWait bounds the wait for the confirms of a batch's dead letters:
+// past it they are held (see deadLetters), and storing goes on.
+const deadLetterWait = 5 * time.Second
+
+// handle dead-letters rejects after the ones held before, or holds them all
+// when the connection is blocked or the broker does not confirm within
+// deadLetterWait. It returns whether any are held (the batch must then be
+// acknowledged delivery by delivery), and an error only when a dead letter
+// came back or was refused, or ctx ended.
+func (dl *deadLetters) handle(ctx context.Context, rejects []rejection) (held bool, err error) {
+	dl.held = append(dl.held, rejects...)
+	if len(dl.held) == 0 || dl.blocked.Load() {
+		return len(dl.held) > 0, nil
+	}
+	waitCtx, cancel := context.WithTimeout(ctx, deadLetterWait)
+	defer cancel()
+	switch err := dl.publish(waitCtx, dl.held); {
+	case err == nil:
+	case ctx.Err() == nil && waitCtx.Err() != nil:
+		dl.logger.Warn("dead letters not confirmed in time; held, unacknowledged, and sent again later",
+			slog.Int("held", len(dl.held)), slog.Duration("waited", deadLetterWait))
+		return true, nil
+	default:
+		return true, err
+	}
+	// Confirmed: each held delivery is acknowledged on its own, as later
+	// ones may have been acknowledged already.
+	for _, r := range dl.held[:len(dl.held)-len(rejects)] {
+		if err := r.delivery.Ack(false); err != nil {
+			return true, fmt.Errorf("ack dead-lettered delivery: %w", err)
+		}
+	}
+	dl.held = dl.held[:0]
+	return false, nil
 }
 
 func (dl *deadLetters) close() { _ = dl.ch.Close() }

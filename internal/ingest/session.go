@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -99,7 +100,9 @@ func (i *Ingest) consume(sessCtx, workCtx context.Context, conn, pubConn *amqp.C
 		return fmt.Errorf("set prefetch: %w", err)
 	}
 
-	dl, err := openDeadLetters(pubConn, i.cfg.BatchSize, i.logger)
+	var blocked atomic.Bool
+	watchBlocked(pubConn, &blocked, i.logger)
+	dl, err := openDeadLetters(pubConn, i.cfg.BatchSize, &blocked, i.logger)
 	if err != nil {
 		return err
 	}
