@@ -112,7 +112,8 @@ func TestDisruptiveMemoryAlarm(t *testing.T) {
 		return exec.Command("rabbitmq-diagnostics", "-q", "check_local_alarms").Run() != nil
 	}, 30*time.Second, 100*time.Millisecond, "the memory alarm is on")
 
-	env := serviceEnv(b.db, b.broker, "INBOX_SHUTDOWN_TIMEOUT=5s", "INBOX_INGEST_BATCH_SIZE=50")
+	addr := freeAddr(t)
+	env := serviceEnv(b.db, b.broker, "INBOX_SHUTDOWN_TIMEOUT=5s", "INBOX_INGEST_BATCH_SIZE=50", "HTTP_ADDR="+addr)
 	p := startProcess(t, env)
 	// Every order is stored (and acked) though nothing can be published,
 	// those behind the message without an id too: consuming is not
@@ -120,6 +121,21 @@ func TestDisruptiveMemoryAlarm(t *testing.T) {
 	// clear.
 	require.Eventually(t, func() bool { return b.count(t, "SELECT count(*) FROM inbox") == w.UniqueMessageIDs },
 		30*time.Second, 20*time.Millisecond, "ingest stores every order during the alarm")
+	// /readyz says so, and the relay holds no transaction open meanwhile:
+	// a claim would keep its rows locked and its snapshot for as long as the
+	// alarm lasts.
+	require.Eventually(t, func() bool {
+		_, body := httpGet(t, "http://"+addr+"/readyz")
+		return strings.Contains(body, "broker_alarm")
+	}, 30*time.Second, 100*time.Millisecond, "/readyz reports the alarm")
+	relayTx := `SELECT count(*) FROM pg_stat_activity
+		WHERE application_name = 'inboxd relay' AND state LIKE 'idle in transaction%'`
+	require.Eventually(t, func() bool { return b.count(t, relayTx) == 0 }, 2*time.Second, 50*time.Millisecond,
+		"the relay's transaction ends once the broker blocks its connection")
+	for range 40 {
+		require.Zero(t, b.count(t, relayTx), "no relay transaction open during the alarm")
+		time.Sleep(50 * time.Millisecond)
+	}
 	took := p.terminate(30 * time.Second)
 	require.Less(t, took, 5*time.Second+2*time.Second, "SIGTERM during the alarm exits within the grace period")
 

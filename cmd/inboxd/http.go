@@ -132,6 +132,11 @@ func probes(readyPool *pgxpool.Pool, ingest *ingest.Ingest, relay *outbox.Relay,
 			checks["relay"] = "not connected"
 			status = http.StatusServiceUnavailable
 		}
+		// Reported, not failed: the alarm is the broker's state, and this
+		// replica would do no better than another; ingest stores on.
+		if blocked, reason := relay.Blocked(); blocked {
+			checks["broker_alarm"] = "the broker blocks publishing (memory or disk alarm): " + reason
+		}
 		writeJSON(w, status, checks)
 	})
 	return mux

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -167,11 +168,15 @@ func newStatusPage(cfg *config, pool *pgxpool.Pool, logger *slog.Logger, build s
 		Build:   build,
 		Started: started,
 		State: func() statuspage.ServiceState {
-			return statuspage.ServiceState{
+			state := statuspage.ServiceState{
 				IngestConsuming: ingest.Consuming(),
 				RelayConnected:  relay.Connected(),
 				Workers:         cfg.workers,
 			}
+			if blocked, reason := relay.Blocked(); blocked {
+				state.BrokerAlarm = cmp.Or(reason, "alarm")
+			}
+			return state
 		},
 	})
 	if err != nil {

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync/atomic"
 	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -32,8 +31,8 @@ type deadLetters struct {
 	ch      *amqp.Channel
 	returns <-chan amqp.Return
 	logger  *slog.Logger
-	// blocked is set while the broker blocks the connection.
-	blocked *atomic.Bool
+	// alarm says whether the broker blocks the connection.
+	alarm *broker.Alarm
 	// held are the rejected deliveries waiting to be dead-lettered, oldest
 	// first; each one keeps its place in the channel's unacknowledged
 	// deliveries, so a batch is acknowledged delivery by delivery meanwhile.
@@ -41,9 +40,8 @@ type deadLetters struct {
 }
 
 // openDeadLetters opens the dead-letter channel on pubConn; a batch holds
-// at most batchSize dead letters. blocked says whether the broker blocks
-// pubConn (see watchBlocked).
-func openDeadLetters(pubConn *amqp.Connection, batchSize int, blocked *atomic.Bool, logger *slog.Logger) (*deadLetters, error) {
+// at most batchSize dead letters.
+func openDeadLetters(pubConn *amqp.Connection, batchSize int, logger *slog.Logger) (*deadLetters, error) {
 	ch, err := pubConn.Channel()
 	if err != nil {
 		return nil, fmt.Errorf("open dead-letter channel: %w", err)
@@ -54,23 +52,7 @@ func openDeadLetters(pubConn *amqp.Connection, batchSize int, blocked *atomic.Bo
 	// A dead letter no queue takes comes back (mandatory); a batch has at
 	// most BatchSize of them, drained after each.
 	returns := ch.NotifyReturn(make(chan amqp.Return, batchSize))
-	return &deadLetters{ch: ch, returns: returns, logger: logger, blocked: blocked}, nil
-}
-
-// watchBlocked keeps blocked set while the broker blocks conn (connection.
-// blocked: a memory or disk alarm), until conn closes.
-func watchBlocked(conn *amqp.Connection, blocked *atomic.Bool, logger *slog.Logger) {
-	notes := conn.NotifyBlocked(make(chan amqp.Blocking, 1))
-	go func() {
-		for b := range notes {
-			blocked.Store(b.Active)
-			if b.Active {
-				logger.Warn("broker blocks the dead-letter connection; dead letters are held until it unblocks", slog.String("reason", b.Reason))
-			} else {
-				logger.Info("broker unblocked the dead-letter connection")
-			}
-		}
-	}()
+	return &deadLetters{ch: ch, returns: returns, logger: logger, alarm: broker.WatchAlarm(pubConn, logger, "dead-letter")}, nil
 }
 
 // deadLetterWait bounds the wait for the confirms of a batch's dead letters:
@@ -84,7 +66,7 @@ const deadLetterWait = 5 * time.Second
 // came back or was refused, or ctx ended.
 func (dl *deadLetters) handle(ctx context.Context, rejects []rejection) (held bool, err error) {
 	dl.held = append(dl.held, rejects...)
-	if len(dl.held) == 0 || dl.blocked.Load() {
+	if blocked, _ := dl.alarm.Active(); len(dl.held) == 0 || blocked {
 		return len(dl.held) > 0, nil
 	}
 	waitCtx, cancel := context.WithTimeout(ctx, deadLetterWait)

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync/atomic"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -100,9 +99,7 @@ func (i *Ingest) consume(sessCtx, workCtx context.Context, conn, pubConn *amqp.C
 		return fmt.Errorf("set prefetch: %w", err)
 	}
 
-	var blocked atomic.Bool
-	watchBlocked(pubConn, &blocked, i.logger)
-	dl, err := openDeadLetters(pubConn, i.cfg.BatchSize, &blocked, i.logger)
+	dl, err := openDeadLetters(pubConn, i.cfg.BatchSize, i.logger)
 	if err != nil {
 		return err
 	}

@@ -31,7 +31,7 @@ func (e claimError) Unwrap() error { return e.err }
 // publishBatch claims rows, publishes them and records the outcome, in one
 // transaction. It returns a claimError when the claim failed, and any other
 // error only when the channel can no longer be used.
-func (r *Relay) publishBatch(ctx, workCtx context.Context, ch *amqp.Channel, returns <-chan amqp.Return) (int, error) {
+func (r *Relay) publishBatch(ctx, workCtx context.Context, ch *amqp.Channel, returns <-chan amqp.Return, alarm *broker.Alarm) (int, error) {
 	tx, claimed, err := r.claim(ctx, workCtx)
 	if err != nil {
 		return 0, err
@@ -43,7 +43,7 @@ func (r *Relay) publishBatch(ctx, workCtx context.Context, ch *amqp.Channel, ret
 	p := planBatch(claimed)
 	ctx, span := r.cfg.Tracer.StartPublish(ctx, broker.ExchangeEvents, len(p.rows), p.traces())
 	defer span.End()
-	publishErr := r.publish(workCtx, ch, returns, p)
+	publishErr := r.publish(workCtx, ch, returns, p, alarm)
 	return len(claimed), r.record(ctx, workCtx, tx, ch, span, p.rows, publishErr)
 }
 
@@ -71,10 +71,27 @@ func (r *Relay) claim(ctx, workCtx context.Context) (pgx.Tx, []dbsqlc.OutboxClai
 // publish publishes the rounds of p in turn, each once the one before is
 // confirmed, until a publish fails; it returns that publish's error. The
 // rows' outcomes are in their claimedRow. One ConfirmTimeout bounds the
-// wait for the confirms of all the rounds.
-func (r *Relay) publish(workCtx context.Context, ch *amqp.Channel, returns <-chan amqp.Return, p plan) error {
+// wait for the confirms of all the rounds, and the broker blocking the
+// connection ends it at once: the rows not confirmed by then are given back
+// and the transaction ends, rather than holding its rows and its snapshot
+// through the alarm; they are published again, once, after it.
+func (r *Relay) publish(workCtx context.Context, ch *amqp.Channel, returns <-chan amqp.Return, p plan, alarm *broker.Alarm) error {
 	waitCtx, cancel := context.WithTimeout(workCtx, r.cfg.ConfirmTimeout)
 	defer cancel()
+	go func() {
+		for {
+			changed := alarm.Changed()
+			if active, _ := alarm.Active(); active {
+				cancel()
+				return
+			}
+			select {
+			case <-changed:
+			case <-waitCtx.Done():
+				return
+			}
+		}
+	}()
 	for n := range p.rounds {
 		if err := publishRound(workCtx, waitCtx, ch, returns, p.due(n)); err != nil {
 			return err

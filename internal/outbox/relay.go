@@ -129,6 +129,9 @@ type Relay struct {
 
 	connected  atomic.Bool
 	unroutable atomic.Int64
+	// alarm is the current session's: whether the broker blocks its
+	// connection.
+	alarm atomic.Pointer[broker.Alarm]
 
 	service startstop.Service
 }
@@ -175,6 +178,11 @@ func (r *Relay) countUnroutable(ch *amqp.Channel) error {
 
 // Connected reports whether the relay holds a broker connection.
 func (r *Relay) Connected() bool { return r.connected.Load() }
+
+// Blocked reports whether the broker blocks the relay's connection (a
+// memory or disk alarm), and why: the relay then publishes nothing and
+// holds no transaction open until the alarm clears.
+func (r *Relay) Blocked() (bool, string) { return r.alarm.Load().Active() }
 
 // Start connects in the background and returns at once.
 func (r *Relay) Start(ctx context.Context) error {
@@ -225,21 +233,47 @@ func (r *Relay) session(ctx, workCtx context.Context) error {
 	if err := r.countUnroutable(ch); err != nil {
 		return err
 	}
+	alarm := broker.WatchAlarm(conn, r.logger, "relay")
+	r.alarm.Store(alarm)
+	defer r.alarm.Store(nil)
 	r.connected.Store(true)
 	r.logger.Info("relay connected to broker")
-	return r.publishLoop(ctx, workCtx, ch, closed, returns)
+	return r.publishLoop(ctx, workCtx, ch, closed, returns, alarm)
+}
+
+// waitUnblocked returns once alarm is not active, or with false when ctx
+// ends, or with the channel's error when it closes. Nothing is claimed and
+// nothing is asked of the broker meanwhile: a blocked connection answers
+// nothing, and a claim would hold its rows and a snapshot for as long.
+func waitUnblocked(ctx context.Context, alarm *broker.Alarm, closed <-chan *amqp.Error) (bool, error) {
+	for {
+		changed := alarm.Changed()
+		if active, _ := alarm.Active(); !active {
+			return true, nil
+		}
+		select {
+		case <-changed:
+		case <-ctx.Done():
+			return false, nil
+		case amqpErr := <-closed:
+			return false, fmt.Errorf("channel closed: %v", amqpErr)
+		}
+	}
 }
 
 // publishLoop publishes batch after batch on ch, waiting for a wake-up or
 // the poll when the outbox has nothing due, until ctx ends or the channel
 // fails. A failed claim is retried after a backoff, on the same channel.
-func (r *Relay) publishLoop(ctx, workCtx context.Context, ch *amqp.Channel, closed <-chan *amqp.Error, returns <-chan amqp.Return) error {
+func (r *Relay) publishLoop(ctx, workCtx context.Context, ch *amqp.Channel, closed <-chan *amqp.Error, returns <-chan amqp.Return, alarm *broker.Alarm) error {
 	// Every PollInterval, busy or not, the unroutable count is read again.
 	housekeep := func() error { return r.countUnroutable(ch) }
 	poll := time.NewTicker(r.cfg.PollInterval)
 	defer poll.Stop()
 	claimFailures := retry.Failures{Policy: retry.Transient}
 	for {
+		if ok, err := waitUnblocked(ctx, alarm, closed); !ok {
+			return err
+		}
 		select {
 		case <-poll.C:
 			if err := housekeep(); err != nil {
@@ -247,7 +281,7 @@ func (r *Relay) publishLoop(ctx, workCtx context.Context, ch *amqp.Channel, clos
 			}
 		default:
 		}
-		n, err := r.publishBatch(ctx, workCtx, ch, returns)
+		n, err := r.publishBatch(ctx, workCtx, ch, returns, alarm)
 		if claimErr := (claimError{}); errors.As(err, &claimErr) {
 			if !claimFailures.Wait(ctx, r.logger, "claim outbox rows", claimErr.err) {
 				return nil
@@ -267,7 +301,11 @@ func (r *Relay) publishLoop(ctx, workCtx context.Context, ch *amqp.Channel, clos
 		case amqpErr := <-closed:
 			return fmt.Errorf("channel closed: %v", amqpErr)
 		case <-r.wake:
+		case <-alarm.Changed():
 		case <-poll.C:
+			if active, _ := alarm.Active(); active {
+				continue
+			}
 			if err := housekeep(); err != nil {
 				return err
 			}

@@ -12,8 +12,16 @@ type ServiceState struct {
 	RelayConnected bool `json:"relay_connected"`
 	// Workers is the number of batches handled at once.
 	Workers int `json:"workers"`
+	// BrokerAlarm, when not empty, says that the broker blocks the relay's
+	// connection (a memory or disk alarm), and why: no event is published
+	// until it clears.
+	BrokerAlarm string `json:"broker_alarm,omitempty"`
 }
 
 // RabbitMQConnected reports whether both ingest and the relay are
 // connected to RabbitMQ.
 func (s ServiceState) RabbitMQConnected() bool { return s.IngestConsuming && s.RelayConnected }
+
+// Degraded reports whether RabbitMQ is not fully usable: not connected, or
+// blocking publishes.
+func (s ServiceState) Degraded() bool { return !s.RabbitMQConnected() || s.BrokerAlarm != "" }

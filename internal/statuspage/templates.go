@@ -32,7 +32,7 @@ var templates = template.Must(template.New("").Funcs(template.FuncMap{
 		return map[string]any{"Title": title, "Refresh": refresh}
 	},
 	"headerData": func(s Service, db Database, alert bool, refresh int) headerData {
-		return headerData{Service: s, Database: db, Alert: alert || !db.Reachable, Degraded: !s.RabbitMQConnected(), Refresh: refresh}
+		return headerData{Service: s, Database: db, Alert: alert || !db.Reachable, Degraded: s.Degraded(), Refresh: refresh}
 	},
 	"footerData": func(readAt time.Time, refresh int) map[string]any {
 		return map[string]any{"ReadAt": readAt, "Refresh": refresh}
