@@ -876,6 +876,13 @@ func TestReplayBySQLFlag(t *testing.T) {
 	require.NotEqual(t, "someone", by)
 	require.NoError(t, b.db.Pool.QueryRow(t.Context(), "SELECT count(*) FROM inbox WHERE replay_requested").Scan(&flagged))
 	require.Zero(t, flagged)
+	// The reason goes with its replay: rewritten outside one, it stays.
+	_, err = b.db.Pool.Exec(t.Context(), "UPDATE inbox SET replay_reason = 'rewritten' WHERE message_id = 'm-0'")
+	require.NoError(t, err)
+	_, err = b.db.Pool.Exec(t.Context(), "UPDATE inbox SET replay_requested = true, replay_reason = 'dropped with its flag' WHERE message_id = 'p-0'")
+	require.NoError(t, err)
+	require.Equal(t, []string{"m-0 fixed the data", "p-0 "}, b.db.Strings(t,
+		"SELECT message_id || ' ' || coalesce(replay_reason, '') FROM inbox WHERE message_id IN ('m-0', 'p-0') ORDER BY message_id"))
 }
 
 func TestWorkerStoresAnyErrorText(t *testing.T) {
