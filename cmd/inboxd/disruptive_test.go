@@ -2,6 +2,7 @@ package main
 
 import (
 	"cmp"
+	"net/url"
 	"os"
 	"os/exec"
 	"strings"
@@ -17,7 +18,7 @@ import (
 // The tests in this file restart the shared PostgreSQL and RabbitMQ servers,
 // so they run only when TEST_DISRUPTIVE=1, on their own, after the others:
 // `make test` does that. The commands that restart the servers can be set
-// with TEST_PG_RESTART_CMD, TEST_RABBITMQ_STOP_CMD and
+// with TEST_PG_RESTART_CMD, TEST_PG_CRASH_CMD, TEST_RABBITMQ_STOP_CMD and
 // TEST_RABBITMQ_START_CMD; the defaults suit a machine running both locally.
 
 func requireDisruptive(t *testing.T) {
@@ -150,4 +151,30 @@ func TestDisruptiveMemoryAlarm(t *testing.T) {
 	require.Equal(t, "missing message_id", dead[0].Headers[broker.HeaderRejectReason])
 	b.requireEventsOnce(t)
 	t.Logf("stopped in %s during the alarm", took)
+}
+
+// Acceptance: with synchronous_commit = off on the service's login (a common
+// tuning), PostgreSQL crashing (stopped immediately, then recovered) while
+// ingest stores and acks loses no acked message: the service's sessions
+// commit synchronously whatever the role says, so an ack never runs ahead of
+// a durable commit.
+func TestDisruptivePostgresCrashLosesNoAckedMessage(t *testing.T) {
+	requireDisruptive(t)
+	b := setup(t)
+	serviceURL := loginAs(t, b.db, "inbox_service")
+	u, err := url.Parse(serviceURL)
+	require.NoError(t, err)
+	_, err = b.db.Pool.Exec(t.Context(), "ALTER ROLE "+u.User.Username()+" SET synchronous_commit = off")
+	require.NoError(t, err)
+	p := startProcess(t, serviceEnv(b.db, b.broker, "DATABASE_URL="+serviceURL, "INBOX_MIGRATE=false", "INBOX_CLAIM_LEASE=500ms"))
+	w := loadgen.Generate(loadgen.Spec{Orders: 4000, Seed: 14})
+	published := publishSlowly(t, b.broker.URL, w, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return b.count(t, "SELECT count(*) FROM inbox") > 500 },
+		30*time.Second, 5*time.Millisecond)
+
+	runShell(t, "TEST_PG_CRASH_CMD", "pg_ctlcluster --skip-systemctl-redirect -m immediate $(ls /etc/postgresql | head -n1) main restart")
+	require.NoError(t, <-published)
+	b.waitDrained(t, w.UniqueMessageIDs, 2*time.Minute)
+	b.requireExactlyOnce(t, w)
+	require.False(t, p.exited())
 }
