@@ -6,15 +6,12 @@ import (
 	"encoding/hex"
 	"fmt"
 	"strings"
-	"unicode/utf8"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/orderconfirm/inboxd/internal/msgid"
 	"github.com/orderconfirm/inboxd/internal/tracing"
 )
-
-// maxMessageIDBytes is the longest message_id (and type) ingest stores.
-const maxMessageIDBytes = 255
 
 // row is a delivery that can be stored.
 type row struct {
@@ -52,7 +49,7 @@ func (i *Ingest) classify(d amqp.Delivery) (row, string) {
 	if msgType == "" {
 		return row{}, "no message type: neither a type property nor a routing key"
 	}
-	if !validText(msgType) {
+	if msgid.Check(msgType) != nil {
 		return row{}, "message type is not valid UTF-8 text or is too long"
 	}
 	id := d.MessageId
@@ -62,7 +59,7 @@ func (i *Ingest) classify(d amqp.Delivery) (row, string) {
 		}
 		id = derivedMessageID(msgType, d.Body)
 	}
-	if !validText(id) {
+	if msgid.Check(id) != nil {
 		return row{}, "message_id is not valid UTF-8 text or is too long"
 	}
 	r := row{
@@ -73,7 +70,7 @@ func (i *Ingest) classify(d amqp.Delivery) (row, string) {
 		trace:       tracing.FromHeaders(d.Headers),
 	}
 	if i.cfg.OrderingKey != nil {
-		if key := i.cfg.OrderingKey(msgType, d.Body); validText(key) {
+		if key := i.cfg.OrderingKey(msgType, d.Body); msgid.Check(key) == nil {
 			r.orderKey = key
 		}
 	}
@@ -89,11 +86,6 @@ func derivedMessageID(msgType string, body []byte) string {
 	sum.Write([]byte{0})
 	sum.Write(body)
 	return "sha256:" + hex.EncodeToString(sum.Sum(nil))
-}
-
-// validText reports whether s can be stored in a text column as an id.
-func validText(s string) bool {
-	return len(s) <= maxMessageIDBytes && utf8.ValidString(s) && !strings.ContainsRune(s, 0)
 }
 
 // traces returns the trace contexts the rows carry, the origins of a batch's
