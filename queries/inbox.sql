@@ -73,8 +73,16 @@ RETURNING inbox.id, inbox.claimed_at::timestamptz AS claimed_at;
 -- node, an OOM kill): the worker takes those over a batch at a time. A
 -- message that loses its claim again may be the one that kills its
 -- process, and is taken over alone.
+--
+-- A claim made before the database server started (it was stopped or
+-- restarted since: pg_postmaster_start_time) was lost to the database, not
+-- to its message: it is taken over with the attempt it counted, given
+-- back as the attempt of the new claim, and with no abandoned attempt.
+-- (A crash that restarts only the server's processes keeps its start time:
+-- a message whose handling crashes the server still counts its attempts.)
 WITH target AS (
-    SELECT i.id, i.message_id, i.attempts, i.replay_count, i.claimed_at, i.claimed_by, i.claimed_build
+    SELECT i.id, i.message_id, i.attempts, i.replay_count, i.claimed_at, i.claimed_by, i.claimed_build,
+           i.claimed_at < pg_postmaster_start_time() AS lost_to_restart
     FROM inbox i
     WHERE i.status = 'pending'
       AND i.next_attempt_at <= now()
@@ -101,7 +109,7 @@ WITH target AS (
     FOR UPDATE OF i SKIP LOCKED
 ), claimed AS (
     UPDATE inbox
-    SET attempts = inbox.attempts + 1,
+    SET attempts = inbox.attempts + CASE WHEN target.lost_to_restart THEN 0 ELSE 1 END,
         claimed_at = now(),
         claimed_by = sqlc.arg(process)::text,
         claimed_build = sqlc.arg(build)::text,
@@ -115,9 +123,29 @@ WITH target AS (
            'the attempt never finished: its process died or stopped, or lost its database connection, while handling the message',
            coalesce(claimed_by, 'unknown'), coalesce(claimed_build, 'unknown'), claimed_at
     FROM target
+    WHERE NOT target.lost_to_restart
     ON CONFLICT DO NOTHING
 )
 SELECT id, claimed_at::timestamptz AS claimed_at FROM claimed;
+
+-- name: InboxGiveBack :execrows
+-- InboxGiveBack ends claims whose work transaction was lost to the
+-- database (its connection failed, the server shut down) before it
+-- recorded an outcome, and gives back the attempt each claim counted, as a
+-- wait does: the message is due again at once, with no history row, and
+-- last_error says why. A claim is named by its row and its claimed_at, so
+-- one taken over meanwhile, or recorded after all (a COMMIT whose answer
+-- was lost), is left alone.
+UPDATE inbox
+SET attempts        = inbox.attempts - 1,
+    claimed_at      = NULL,
+    claimed_by      = NULL,
+    claimed_build   = NULL,
+    claimed_session = NULL,
+    last_error      = sqlc.arg(reason)::text,
+    next_attempt_at = now()
+FROM (SELECT unnest(@ids::bigint[]) AS id, unnest(@claimed_ats::timestamptz[]) AS claimed_at) AS c
+WHERE inbox.id = c.id AND inbox.claimed_at = c.claimed_at AND inbox.status = 'pending';
 
 -- name: InboxLockClaimed :many
 -- InboxLockClaimed locks claimed messages for the rest of the calling

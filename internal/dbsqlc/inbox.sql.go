@@ -88,7 +88,8 @@ func (q *Queries) InboxClaimBatch(ctx context.Context, db DBTX, arg InboxClaimBa
 
 const inboxClaimUnfinished = `-- name: InboxClaimUnfinished :many
 WITH target AS (
-    SELECT i.id, i.message_id, i.attempts, i.replay_count, i.claimed_at, i.claimed_by, i.claimed_build
+    SELECT i.id, i.message_id, i.attempts, i.replay_count, i.claimed_at, i.claimed_by, i.claimed_build,
+           i.claimed_at < pg_postmaster_start_time() AS lost_to_restart
     FROM inbox i
     WHERE i.status = 'pending'
       AND i.next_attempt_at <= now()
@@ -115,7 +116,7 @@ WITH target AS (
     FOR UPDATE OF i SKIP LOCKED
 ), claimed AS (
     UPDATE inbox
-    SET attempts = inbox.attempts + 1,
+    SET attempts = inbox.attempts + CASE WHEN target.lost_to_restart THEN 0 ELSE 1 END,
         claimed_at = now(),
         claimed_by = $5::text,
         claimed_build = $6::text,
@@ -129,6 +130,7 @@ WITH target AS (
            'the attempt never finished: its process died or stopped, or lost its database connection, while handling the message',
            coalesce(claimed_by, 'unknown'), coalesce(claimed_build, 'unknown'), claimed_at
     FROM target
+    WHERE NOT target.lost_to_restart
     ON CONFLICT DO NOTHING
 )
 SELECT id, claimed_at::timestamptz AS claimed_at FROM claimed
@@ -164,6 +166,13 @@ type InboxClaimUnfinishedRow struct {
 // node, an OOM kill): the worker takes those over a batch at a time. A
 // message that loses its claim again may be the one that kills its
 // process, and is taken over alone.
+//
+// A claim made before the database server started (it was stopped or
+// restarted since: pg_postmaster_start_time) was lost to the database, not
+// to its message: it is taken over with the attempt it counted, given
+// back as the attempt of the new claim, and with no abandoned attempt.
+// (A crash that restarts only the server's processes keeps its start time:
+// a message whose handling crashes the server still counts its attempts.)
 func (q *Queries) InboxClaimUnfinished(ctx context.Context, db DBTX, arg InboxClaimUnfinishedParams) ([]InboxClaimUnfinishedRow, error) {
 	rows, err := db.Query(ctx, inboxClaimUnfinished,
 		arg.Session,
@@ -268,6 +277,40 @@ func (q *Queries) InboxCompleteMany(ctx context.Context, db DBTX, arg InboxCompl
 		arg.RetryDelaysMs,
 	)
 	return err
+}
+
+const inboxGiveBack = `-- name: InboxGiveBack :execrows
+UPDATE inbox
+SET attempts        = inbox.attempts - 1,
+    claimed_at      = NULL,
+    claimed_by      = NULL,
+    claimed_build   = NULL,
+    claimed_session = NULL,
+    last_error      = $1::text,
+    next_attempt_at = now()
+FROM (SELECT unnest($2::bigint[]) AS id, unnest($3::timestamptz[]) AS claimed_at) AS c
+WHERE inbox.id = c.id AND inbox.claimed_at = c.claimed_at AND inbox.status = 'pending'
+`
+
+type InboxGiveBackParams struct {
+	Reason     string
+	Ids        []int64
+	ClaimedAts []time.Time
+}
+
+// InboxGiveBack ends claims whose work transaction was lost to the
+// database (its connection failed, the server shut down) before it
+// recorded an outcome, and gives back the attempt each claim counted, as a
+// wait does: the message is due again at once, with no history row, and
+// last_error says why. A claim is named by its row and its claimed_at, so
+// one taken over meanwhile, or recorded after all (a COMMIT whose answer
+// was lost), is left alone.
+func (q *Queries) InboxGiveBack(ctx context.Context, db DBTX, arg InboxGiveBackParams) (int64, error) {
+	result, err := db.Exec(ctx, inboxGiveBack, arg.Reason, arg.Ids, arg.ClaimedAts)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
 }
 
 const inboxHasUnfinished = `-- name: InboxHasUnfinished :one

@@ -161,6 +161,10 @@ func (t *takeover) run(ctx context.Context) (taken int, more bool, err error) {
 // claimUnfinished claims up to max unfinished messages (only those that
 // lost no claim before in their run, with firstLossOnly) and handles them.
 func (w *Worker) claimUnfinished(ctx context.Context, firstLossOnly bool, max int) (int, error) {
+	// Its own lost claims first: they are not the takeover's to count.
+	if err := w.giveBack(ctx); err != nil {
+		return 0, err
+	}
 	rows, err := w.queries.InboxClaimUnfinished(ctx, w.pool, dbsqlc.InboxClaimUnfinishedParams{
 		LeaseSeconds:  w.cfg.ClaimLease.Seconds(),
 		FirstLossOnly: firstLossOnly,

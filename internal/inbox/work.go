@@ -43,17 +43,25 @@ func claimsOf[R dbsqlc.InboxClaimBatchRow | dbsqlc.InboxClaimUnfinishedRow](rows
 const sourceQueue = "order-confirmation.inbox"
 
 // work locks the claimed rows, handles them and records the outcomes, all in
-// one transaction.
+// one transaction. When the database loses that transaction, the claims
+// are kept to be given back (see lostClaims).
 func (w *Worker) work(ctx context.Context, c claims) error {
 	if len(c.Ids) == 0 {
 		return nil
 	}
 	tx, err := w.pool.Begin(ctx)
 	if err != nil {
+		w.keepIfLost(ctx, nil, c, err)
 		return fmt.Errorf("begin work transaction: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	err = w.workIn(ctx, tx, c)
+	w.keepIfLost(ctx, tx, c, err)
+	return err
+}
 
+// workIn is work's transaction, tx.
+func (w *Worker) workIn(ctx context.Context, tx pgx.Tx, c claims) error {
 	rows, err := w.queries.InboxLockClaimed(ctx, tx, c.InboxLockClaimedParams)
 	if err != nil {
 		return fmt.Errorf("lock claimed messages: %w", err)

@@ -36,7 +36,9 @@ type Worker struct {
 	// alone: every batch runs through it.
 	takeover *takeover
 
-	live    *liveness
+	live *liveness
+	// lost holds the claims to give back before the next claim.
+	lost    lostClaims
 	service startstop.Service
 }
 
@@ -162,6 +164,9 @@ func (w *Worker) runBatch(ctx context.Context) (int, error) {
 }
 
 func (w *Worker) claimNew(ctx context.Context) (int, error) {
+	if err := w.giveBack(ctx); err != nil {
+		return 0, err
+	}
 	rows, err := w.queries.InboxClaimBatch(ctx, w.pool, dbsqlc.InboxClaimBatchParams{
 		Process: w.cfg.Process,
 		Build:   w.cfg.Build,

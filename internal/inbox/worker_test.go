@@ -951,3 +951,39 @@ func TestASlowBatchSlowsOnlyItself(t *testing.T) {
 	require.Equal(t, 1, readRow(t, b.db.Pool, "slow").Attempts, "the live claim was not taken over")
 	require.Zero(t, b.db.Int(t, "SELECT count(*) FROM inbox_attempts WHERE outcome = 'abandoned'"))
 }
+
+// A batch whose database connection is lost while the handler runs (here
+// its backend is terminated, as a failover or a restart does) was not the
+// messages' failure: the worker gives the claims back before it claims
+// again, and the messages are handled at once, their one attempt the one
+// that handled them, with no abandoned attempt for the takeover to count.
+func TestAConnectionLostWhileHandlingSpendsNoAttempt(t *testing.T) {
+	t.Parallel()
+	b := setupWorker(t)
+	insertMessages(t, b.db.Pool, 3)
+	var terminated bool
+	handler := handlerFunc(func(ctx context.Context, tx pgx.Tx, msgs []inbox.Message) ([]inbox.Outcome, error) {
+		if !terminated {
+			terminated = true
+			_, err := tx.Exec(ctx, "SELECT pg_terminate_backend(pg_backend_pid())")
+			return nil, err
+		}
+		return b.handler.HandleBatch(ctx, tx, msgs)
+	})
+	w, err := inbox.NewWorker(b.db.Pool, &inbox.WorkerConfig{Handler: handler, Logger: testenv.Logger(t), BatchSize: 10})
+	require.NoError(t, err)
+
+	_, err = w.RunOnce(t.Context())
+	require.Error(t, err, "the batch lost its connection")
+	n, err := w.RunOnce(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, 3, n, "claimed again at once, not after the lease")
+	for i := range 3 {
+		id := fmt.Sprintf("m-%d", i)
+		r := readRow(t, b.db.Pool, id)
+		require.Equal(t, inbox.StatusProcessed, r.Status, id)
+		require.Equal(t, 1, r.Attempts, "%s: the lost attempt was given back", id)
+		require.Equal(t, []string{"1 processed"}, b.db.Strings(t,
+			"SELECT format('%s %s', attempt, outcome) FROM inbox_attempts WHERE message_id = $1 ORDER BY attempt", id))
+	}
+}
