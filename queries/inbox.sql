@@ -128,24 +128,40 @@ WITH target AS (
 )
 SELECT id, claimed_at::timestamptz AS claimed_at FROM claimed;
 
--- name: InboxGiveBack :execrows
+-- name: InboxGiveBack :many
 -- InboxGiveBack ends claims whose work transaction was lost to the
 -- database (its connection failed, the server shut down) before it
--- recorded an outcome, and gives back the attempt each claim counted, as a
--- wait does: the message is due again at once, with no history row, and
--- last_error says why. A claim is named by its row and its claimed_at, so
--- one taken over meanwhile, or recorded after all (a COMMIT whose answer
--- was lost), is left alone.
-UPDATE inbox
-SET attempts        = inbox.attempts - 1,
-    claimed_at      = NULL,
-    claimed_by      = NULL,
-    claimed_build   = NULL,
-    claimed_session = NULL,
-    last_error      = sqlc.arg(reason)::text,
-    next_attempt_at = now()
-FROM (SELECT unnest(@ids::bigint[]) AS id, unnest(@claimed_ats::timestamptz[]) AS claimed_at) AS c
-WHERE inbox.id = c.id AND inbox.claimed_at = c.claimed_at AND inbox.status = 'pending';
+-- recorded an outcome, or that its batch could not lock (another session
+-- held the row: see InboxLockClaimed), and gives back the attempt each
+-- claim counted, as a wait does: the message is due again at once, with no
+-- history row, and last_error says why. A claim is named by its row and
+-- its claimed_at, so one taken over meanwhile, or recorded after all (a
+-- COMMIT whose answer was lost), is left alone. A row another session
+-- still holds is not waited for: it returns the ids of those, still
+-- claimed, for the caller to give back later.
+WITH c AS (
+    SELECT unnest(@ids::bigint[]) AS id, unnest(@claimed_ats::timestamptz[]) AS claimed_at,
+           unnest(@reasons::text[]) AS reason
+), claimed AS (
+    SELECT i.id FROM inbox i JOIN c ON c.id = i.id AND c.claimed_at = i.claimed_at
+    WHERE i.status = 'pending'
+), free AS (
+    SELECT i.id FROM inbox i WHERE i.id IN (SELECT id FROM claimed)
+    FOR UPDATE OF i SKIP LOCKED
+), given AS (
+    UPDATE inbox
+    SET attempts        = inbox.attempts - 1,
+        claimed_at      = NULL,
+        claimed_by      = NULL,
+        claimed_build   = NULL,
+        claimed_session = NULL,
+        last_error      = c.reason,
+        next_attempt_at = now()
+    FROM c
+    WHERE inbox.id = c.id AND inbox.id IN (SELECT id FROM free)
+    RETURNING inbox.id
+)
+SELECT id FROM claimed WHERE id NOT IN (SELECT id FROM given);
 
 -- name: InboxLockClaimed :many
 -- InboxLockClaimed locks claimed messages for the rest of the calling
@@ -153,10 +169,11 @@ WHERE inbox.id = c.id AND inbox.claimed_at = c.claimed_at AND inbox.status = 'pe
 -- longer pending or no longer hold this claim: a claim is named by its row
 -- and its claimed_at, so a worker whose claim was taken over (its lease ran
 -- out while it stalled, or its liveness session was lost) locks nothing and
--- handles nothing. It waits for locks
--- rather than skipping locked rows: a concurrent InboxClaimBatch may hold
--- one for an instant. Locks are taken in id order, so two workers never
--- deadlock.
+-- handles nothing. A row another session holds (an operator's SELECT … FOR
+-- UPDATE left open, or a claim statement looking at it for an instant) is
+-- skipped rather than waited for: the batch goes on without it, and the
+-- worker gives that claim back (InboxGiveBack), so the message is claimed
+-- again once the row is free, its attempt not counted.
 SELECT i.id, i.message_id, i.message_type, i.payload, i.attempts, i.received_at, i.replay_requested,
        i.replay_count, i.claimed_at,
        coalesce(i.traceparent, '') AS traceparent, coalesce(i.tracestate, '') AS tracestate
@@ -165,7 +182,7 @@ JOIN (SELECT unnest(@ids::bigint[]) AS id, unnest(@claimed_ats::timestamptz[]) A
   ON c.id = i.id AND c.claimed_at = i.claimed_at
 WHERE i.status = 'pending'
 ORDER BY i.id
-FOR UPDATE OF i;
+FOR UPDATE OF i SKIP LOCKED;
 
 -- name: InboxCompleteMany :exec
 -- InboxCompleteMany records the outcome of one handling attempt for each

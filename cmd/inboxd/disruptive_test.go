@@ -150,6 +150,7 @@ func TestDisruptiveMemoryAlarm(t *testing.T) {
 	dead := b.broker.Receive(t, broker.QueueDead, 1)
 	require.Equal(t, "missing message_id", dead[0].Headers[broker.HeaderRejectReason])
 	b.requireEventsOnce(t)
+	b.requireAtMostCopies(t, 2, time.Second)
 	t.Logf("stopped in %s during the alarm", took)
 }
 
@@ -231,7 +232,7 @@ func TestDisruptivePostgresStoppedSpendsNoAttempt(t *testing.T) {
 	require.Zero(t, b.count(t, "SELECT count(*) FROM inbox WHERE status = 'dead'"), "no message died of the database's absence")
 	require.Zero(t, b.count(t, "SELECT count(*) FROM inbox WHERE attempts > 1"), "no message spent an attempt on the database's absence")
 	require.Zero(t, b.count(t, "SELECT count(*) FROM inbox_attempts WHERE outcome <> 'processed'"), "only the attempts that handled them")
-	require.True(t, p.logContains("claims lost to the database given back"), "the stop landed while the worker held claims")
+	require.True(t, p.logContains("the database lost the transaction that was handling it"), "the stop landed while the worker held claims")
 	require.False(t, p.exited())
 	b.requireExactlyOnce(t, w)
 }

@@ -117,6 +117,25 @@ func (b *e2eBundle) requireEventsOnce(t *testing.T) {
 	}
 }
 
+// requireAtMostCopies checks that no event id arrived more than copies
+// times, counting too those that arrive within settle from now.
+func (b *e2eBundle) requireAtMostCopies(t *testing.T, copies int, settle time.Duration) {
+	t.Helper()
+	quiet := time.After(settle)
+	for settled := false; !settled; {
+		select {
+		case d := <-b.events:
+			require.NoError(t, d.Ack(false))
+			b.seen[d.MessageId]++
+		case <-quiet:
+			settled = true
+		}
+	}
+	for id, n := range b.seen {
+		require.LessOrEqual(t, n, copies, "copies of event %q", id)
+	}
+}
+
 // initialStock is what setup puts in stock for each SKU loadgen orders use:
 // enough that no order is rejected.
 const initialStock = 1_000_000

@@ -279,38 +279,66 @@ func (q *Queries) InboxCompleteMany(ctx context.Context, db DBTX, arg InboxCompl
 	return err
 }
 
-const inboxGiveBack = `-- name: InboxGiveBack :execrows
-UPDATE inbox
-SET attempts        = inbox.attempts - 1,
-    claimed_at      = NULL,
-    claimed_by      = NULL,
-    claimed_build   = NULL,
-    claimed_session = NULL,
-    last_error      = $1::text,
-    next_attempt_at = now()
-FROM (SELECT unnest($2::bigint[]) AS id, unnest($3::timestamptz[]) AS claimed_at) AS c
-WHERE inbox.id = c.id AND inbox.claimed_at = c.claimed_at AND inbox.status = 'pending'
+const inboxGiveBack = `-- name: InboxGiveBack :many
+WITH c AS (
+    SELECT unnest($1::bigint[]) AS id, unnest($2::timestamptz[]) AS claimed_at,
+           unnest($3::text[]) AS reason
+), claimed AS (
+    SELECT i.id FROM inbox i JOIN c ON c.id = i.id AND c.claimed_at = i.claimed_at
+    WHERE i.status = 'pending'
+), free AS (
+    SELECT i.id FROM inbox i WHERE i.id IN (SELECT id FROM claimed)
+    FOR UPDATE OF i SKIP LOCKED
+), given AS (
+    UPDATE inbox
+    SET attempts        = inbox.attempts - 1,
+        claimed_at      = NULL,
+        claimed_by      = NULL,
+        claimed_build   = NULL,
+        claimed_session = NULL,
+        last_error      = c.reason,
+        next_attempt_at = now()
+    FROM c
+    WHERE inbox.id = c.id AND inbox.id IN (SELECT id FROM free)
+    RETURNING inbox.id
+)
+SELECT id FROM claimed WHERE id NOT IN (SELECT id FROM given)
 `
 
 type InboxGiveBackParams struct {
-	Reason     string
 	Ids        []int64
 	ClaimedAts []time.Time
+	Reasons    []string
 }
 
 // InboxGiveBack ends claims whose work transaction was lost to the
 // database (its connection failed, the server shut down) before it
-// recorded an outcome, and gives back the attempt each claim counted, as a
-// wait does: the message is due again at once, with no history row, and
-// last_error says why. A claim is named by its row and its claimed_at, so
-// one taken over meanwhile, or recorded after all (a COMMIT whose answer
-// was lost), is left alone.
-func (q *Queries) InboxGiveBack(ctx context.Context, db DBTX, arg InboxGiveBackParams) (int64, error) {
-	result, err := db.Exec(ctx, inboxGiveBack, arg.Reason, arg.Ids, arg.ClaimedAts)
+// recorded an outcome, or that its batch could not lock (another session
+// held the row: see InboxLockClaimed), and gives back the attempt each
+// claim counted, as a wait does: the message is due again at once, with no
+// history row, and last_error says why. A claim is named by its row and
+// its claimed_at, so one taken over meanwhile, or recorded after all (a
+// COMMIT whose answer was lost), is left alone. A row another session
+// still holds is not waited for: it returns the ids of those, still
+// claimed, for the caller to give back later.
+func (q *Queries) InboxGiveBack(ctx context.Context, db DBTX, arg InboxGiveBackParams) ([]int64, error) {
+	rows, err := db.Query(ctx, inboxGiveBack, arg.Ids, arg.ClaimedAts, arg.Reasons)
 	if err != nil {
-		return 0, err
+		return nil, err
 	}
-	return result.RowsAffected(), nil
+	defer rows.Close()
+	var items []int64
+	for rows.Next() {
+		var id int64
+		if err := rows.Scan(&id); err != nil {
+			return nil, err
+		}
+		items = append(items, id)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
 const inboxHasUnfinished = `-- name: InboxHasUnfinished :one
@@ -427,7 +455,7 @@ JOIN (SELECT unnest($1::bigint[]) AS id, unnest($2::timestamptz[]) AS claimed_at
   ON c.id = i.id AND c.claimed_at = i.claimed_at
 WHERE i.status = 'pending'
 ORDER BY i.id
-FOR UPDATE OF i
+FOR UPDATE OF i SKIP LOCKED
 `
 
 type InboxLockClaimedParams struct {
@@ -454,10 +482,11 @@ type InboxLockClaimedRow struct {
 // longer pending or no longer hold this claim: a claim is named by its row
 // and its claimed_at, so a worker whose claim was taken over (its lease ran
 // out while it stalled, or its liveness session was lost) locks nothing and
-// handles nothing. It waits for locks
-// rather than skipping locked rows: a concurrent InboxClaimBatch may hold
-// one for an instant. Locks are taken in id order, so two workers never
-// deadlock.
+// handles nothing. A row another session holds (an operator's SELECT … FOR
+// UPDATE left open, or a claim statement looking at it for an instant) is
+// skipped rather than waited for: the batch goes on without it, and the
+// worker gives that claim back (InboxGiveBack), so the message is claimed
+// again once the row is free, its attempt not counted.
 func (q *Queries) InboxLockClaimed(ctx context.Context, db DBTX, arg InboxLockClaimedParams) ([]InboxLockClaimedRow, error) {
 	rows, err := db.Query(ctx, inboxLockClaimed, arg.Ids, arg.ClaimedAts)
 	if err != nil {

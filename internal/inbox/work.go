@@ -36,6 +36,17 @@ func claimsOf[R dbsqlc.InboxClaimBatchRow | dbsqlc.InboxClaimUnfinishedRow](rows
 	return c
 }
 
+// only returns the claims of c whose ids keep reports true for.
+func (c claims) only(keep func(id int64) bool) claims {
+	kept := claims{takenOver: c.takenOver}
+	for i, id := range c.Ids {
+		if keep(id) {
+			kept.Ids, kept.ClaimedAts = append(kept.Ids, id), append(kept.ClaimedAts, c.ClaimedAts[i])
+		}
+	}
+	return kept
+}
+
 // sourceQueue is where the inbox's messages were read from, named in each
 // process span: the queue ingest consumes, broker.QueueInbox (the tracing
 // tests hold the two equal), written out so that the worker does not
@@ -55,9 +66,14 @@ func (w *Worker) work(ctx context.Context, c claims) error {
 		return fmt.Errorf("begin work transaction: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	err = w.workIn(ctx, tx, c)
-	w.keepIfLost(ctx, tx, c, err)
-	return err
+	if err := w.workIn(ctx, tx, c); err != nil {
+		w.keepIfLost(ctx, tx, c, err)
+		return err
+	}
+	// The claims of rows another session held, at once. Those it cannot
+	// give back now are kept, and the next claim tries again (and reports).
+	_ = w.giveBack(ctx)
+	return nil
 }
 
 // workIn is work's transaction, tx.
@@ -66,6 +82,7 @@ func (w *Worker) workIn(ctx context.Context, tx pgx.Tx, c claims) error {
 	if err != nil {
 		return fmt.Errorf("lock claimed messages: %w", err)
 	}
+	w.keepUnlocked(c, rows)
 	if len(rows) == 0 {
 		return nil
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -986,4 +987,60 @@ func TestAConnectionLostWhileHandlingSpendsNoAttempt(t *testing.T) {
 		require.Equal(t, []string{"1 processed"}, b.db.Strings(t,
 			"SELECT format('%s %s', attempt, outcome) FROM inbox_attempts WHERE message_id = $1 ORDER BY attempt", id))
 	}
+}
+
+// A row another session holds between a worker's claim and its batch's lock
+// (an operator's SELECT … FOR UPDATE left open, no timeout set) is skipped,
+// not waited for: the rest of the batch is handled at once, and the held
+// message is given back, its attempt not counted, and handled once the row
+// is free.
+func TestARowHeldBetweenClaimAndLockHoldsOnlyItself(t *testing.T) {
+	t.Parallel()
+	b := setupWorker(t)
+	insertMessages(t, b.db.Pool, 3)
+	holder, err := b.db.Pool.Begin(t.Context())
+	require.NoError(t, err)
+	defer func() { _ = holder.Rollback(context.WithoutCancel(t.Context())) }()
+
+	cfg, err := pgxpool.ParseConfig(b.db.URL)
+	require.NoError(t, err)
+	var acquired atomic.Int32
+	cfg.PrepareConn = func(ctx context.Context, _ *pgx.Conn) (bool, error) {
+		// The first acquire is the claim's, the second the batch's: the
+		// row is taken between the two.
+		if acquired.Add(1) == 2 {
+			_, err := holder.Exec(ctx, "SELECT 1 FROM inbox WHERE message_id = 'm-1' FOR UPDATE")
+			return err == nil, err
+		}
+		return true, nil
+	}
+	pool, err := pgxpool.NewWithConfig(t.Context(), cfg)
+	require.NoError(t, err)
+	defer pool.Close()
+	w := b.newWorker(t, pool, inbox.WorkerConfig{BatchSize: 10})
+
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	n, err := w.RunOnce(ctx)
+	require.NoError(t, err, "the batch did not wait for the held row")
+	require.Equal(t, 3, n)
+	for _, id := range []string{"m-0", "m-2"} {
+		require.Equal(t, inbox.StatusProcessed, readRow(t, b.db.Pool, id).Status, id)
+	}
+	require.Equal(t, inbox.StatusPending, readRow(t, b.db.Pool, "m-1").Status)
+
+	// While the row is held its claim cannot be given back either: the
+	// worker neither waits for it nor takes it over.
+	n, err = w.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Zero(t, n, "nothing claimed while the row is held")
+	require.NoError(t, holder.Rollback(t.Context()))
+	n, err = w.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, n, "given back and claimed again once free")
+	r := readRow(t, b.db.Pool, "m-1")
+	require.Equal(t, inbox.StatusProcessed, r.Status)
+	require.Equal(t, 1, r.Attempts, "the attempt given back")
+	require.Equal(t, []string{"1 processed"}, b.db.Strings(t,
+		"SELECT format('%s %s', attempt, outcome) FROM inbox_attempts WHERE message_id = 'm-1' ORDER BY attempt"))
 }
