@@ -9,7 +9,6 @@ import (
 	"maps"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -52,13 +51,8 @@ type Handler struct {
 	queries *dbsqlc.Queries
 	logger  *slog.Logger
 
-	// held remembers the stock rows found held by another session past
-	// StockLockWait, for StockHeldMemory. A batch only probes them (SKIP
-	// LOCKED) instead of waiting for them again: a batch that waited would
-	// hold its other stock rows meanwhile, and make the batches of the
-	// other workers wait in turn.
-	heldMu sync.Mutex
-	held   map[string]time.Time // when each was found held
+	// heldStock remembers the stock rows found held by another session.
+	heldStock heldRows
 }
 
 // NewHandler returns the order Handler. logger defaults to slog.Default().
@@ -247,7 +241,7 @@ func (h *Handler) lockStock(ctx context.Context, tx pgx.Tx, ready []message) (ma
 }
 
 // lockOrders locks the rows the batch's cancellations change, their orders'
-// order_confirmations and stock_reservations rows, waiting StockLockWait at
+// order_confirmations and stock_reservations rows, waiting OrderLockWait at
 // most (see order_lock), and returns blocked with each cancellation added
 // whose order has a row another session holds: it waits, and the batch goes
 // on.
@@ -262,7 +256,7 @@ func (h *Handler) lockOrders(ctx context.Context, tx pgx.Tx, ready []message, bl
 		return blocked, nil
 	}
 	held, err := h.queries.OrderLock(ctx, tx, dbsqlc.OrderLockParams{
-		OrderIds: slices.Sorted(maps.Keys(byOrder)), WaitMs: int32(StockLockWait.Milliseconds()),
+		OrderIds: slices.Sorted(maps.Keys(byOrder)), WaitMs: int32(OrderLockWait.Milliseconds()),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("lock orders: %w", err)
@@ -277,6 +271,16 @@ func (h *Handler) lockOrders(ctx context.Context, tx pgx.Tx, ready []message, bl
 	}
 	return blocked, nil
 }
+
+// OrderLockWait is how long a cancellation waits for its order's rows:
+// hardly at all. Only its own order's messages change them, one at a
+// time (the inbox hands an order's messages out in turn), so another
+// session holding one is outside the service (an operator's open UPDATE)
+// and unlikely to let go within a wait that would hold the rest of the
+// batch; the cancellation waits instead, and is tried again after
+// StockWaitRetry. (A wait of 0 would be none at all: lock_timeout's "no
+// limit".)
+const OrderLockWait = time.Millisecond
 
 // stockNeeds returns, per message index, the SKUs of the stock rows each
 // message needs: an order's items, and the rows a cancellation's order
@@ -313,31 +317,17 @@ func (h *Handler) stockNeeds(ctx context.Context, tx pgx.Tx, ready []message) (m
 // waiting; the others are waited for StockLockWait at most, in SKU order.
 // Rows it finds held are remembered, and forgotten once a probe gets them.
 func (h *Handler) lockOrFindHeld(ctx context.Context, tx pgx.Tx, skus []string) (map[string]int32, map[string]bool, error) {
-	probe, wait := h.recentlyHeld(skus)
+	probe, wait := h.heldStock.split(skus)
 	levels, err := h.lockRows(ctx, tx, probe, wait)
 	if err != nil {
 		return nil, nil, err
 	}
-	exists, err := h.existingNotGot(ctx, tx, skus, levels)
+	held, err := h.existingNotGot(ctx, tx, skus, levels)
 	if err != nil {
 		return nil, nil, err
 	}
-	return levels, h.rememberHeld(skus, wait, exists), nil
-}
-
-// recentlyHeld splits skus into those found held within StockHeldMemory,
-// to probe, and the rest, to wait for.
-func (h *Handler) recentlyHeld(skus []string) (probe, wait []string) {
-	h.heldMu.Lock()
-	defer h.heldMu.Unlock()
-	for _, sku := range skus {
-		if found, ok := h.held[sku]; ok && time.Since(found) < StockHeldMemory {
-			probe = append(probe, sku)
-		} else {
-			wait = append(wait, sku)
-		}
-	}
-	return probe, wait
+	h.heldStock.remember(skus, wait, held)
+	return levels, held, nil
 }
 
 // lockRows locks the stock rows of probe without waiting (SKIP LOCKED), and
@@ -367,9 +357,9 @@ func (h *Handler) lockRows(ctx context.Context, tx pgx.Tx, probe, wait []string)
 }
 
 // existingNotGot returns which of the skus whose rows were not got (not in
-// levels) exist. A row not got is held by another session, or not there at
-// all (an unknown SKU, which the order's decision rejects): it reads which,
-// only when there is one.
+// levels) exist: those are held by another session. A row not got is held,
+// or not there at all (an unknown SKU, which the order's decision
+// rejects): it reads which, only when there is one.
 func (h *Handler) existingNotGot(ctx context.Context, tx pgx.Tx, skus []string, levels map[string]int32) (map[string]bool, error) {
 	var notGot []string
 	for _, sku := range skus {
@@ -389,30 +379,6 @@ func (h *Handler) existingNotGot(ctx context.Context, tx pgx.Tx, skus []string, 
 		exists[r.Sku] = true
 	}
 	return exists, nil
-}
-
-// rememberHeld returns the SKUs of skus whose rows exist but were not got,
-// the held ones, and remembers when those it waited for (wait) were found
-// held; it forgets the rows it got, and those that are not there.
-func (h *Handler) rememberHeld(skus, wait []string, exists map[string]bool) map[string]bool {
-	held := map[string]bool{}
-	h.heldMu.Lock()
-	defer h.heldMu.Unlock()
-	if h.held == nil {
-		h.held = map[string]time.Time{}
-	}
-	for _, sku := range skus {
-		switch {
-		case !exists[sku]: // got, or not there
-			delete(h.held, sku)
-		case slices.Contains(wait, sku):
-			h.held[sku] = time.Now() // found held again after a wait
-			fallthrough
-		default:
-			held[sku] = true
-		}
-	}
-	return held
 }
 
 // stockLevels are the levels of the stock rows that reserve decides on.

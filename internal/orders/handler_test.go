@@ -332,7 +332,7 @@ func TestHandlerWaitsOnlyForHeldOrderRows(t *testing.T) {
 
 			started := time.Now()
 			out := b.handle(t, cancelled("x-held", "o-held"), cancelled("x-free", "o-free"), created("c-new", "o-new"))
-			require.Less(t, time.Since(started), orders.StockLockWait+2*time.Second, "no lock_timeout was waited out")
+			require.Less(t, time.Since(started), orders.OrderLockWait+2*time.Second, "no lock_timeout was waited out")
 			require.ErrorContains(t, out[0].Err, "order o-held: its order_confirmations or stock_reservations rows are locked by another session")
 			require.Equal(t, orders.ResultCancelled, out[1].Result)
 			require.Equal(t, orders.ResultConfirmed, out[2].Result)

@@ -1,0 +1,227 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/orderconfirm/inboxd/internal/loadgen"
+	"github.com/orderconfirm/inboxd/internal/orders"
+	"github.com/orderconfirm/inboxd/internal/testenv"
+)
+
+// lockCase is a row another session holds while orders flow: target is
+// the order whose row it is, and hold takes the lock in tx (or in a
+// session of its own, which release ends) and returns the messages that
+// then arrive for target, to wait behind it.
+type lockCase struct {
+	name   string
+	target string
+	hold   func(t *testing.T, tx pgx.Tx) (msgs []loadgen.Message, release func())
+	// waiting is the last_error its waiting message shows, a LIKE pattern;
+	// empty when nothing of target waits (its messages need no held row).
+	waiting string
+}
+
+// Acceptance: an owner's transaction holds, in turn, an order's
+// order_confirmations row, its stock_reservations rows and its outbox rows
+// while that order's cancellation arrives, and an operator's session, its
+// timeouts set to 0, holds an order's pending inbox row; meanwhile orders of
+// other keys flow at 30 a second. During each lock every other order
+// published is processed while the lock is still held; the held order's
+// message waits (with its reason where it is claimed), spends no attempt,
+// and is processed once the lock ends; nothing is dead or abandoned.
+// LOCK_TEST_SECONDS sets how long each lock is held (5 by default; the
+// issue's figure is of 30).
+func TestEveryHeldRowStallsOnlyItsOrder(t *testing.T) {
+	t.Parallel()
+	hold := 5 * time.Second
+	if v := os.Getenv("LOCK_TEST_SECONDS"); v != "" {
+		n, err := strconv.Atoi(v)
+		require.NoError(t, err)
+		hold = time.Duration(n) * time.Second
+	}
+	db, broker := testenv.NewDB(t), testenv.NewBroker(t)
+	require.NoError(t, loadgen.DeclareTopology(broker.URL, "quorum"))
+	b := &e2eBundle{db: db, broker: broker}
+	_, err := db.Pool.Exec(t.Context(), "INSERT INTO stock (sku, available) SELECT 'HSKU-' || n, $1 FROM generate_series(0, 6) n", initialStock)
+	require.NoError(t, err)
+	startProcess(t, serviceEnv(db, broker))
+
+	cases := heldRowCases(t, db)
+	var first []loadgen.Message
+	for _, c := range cases[:3] {
+		first = append(first, heldOrderCreated(c.target))
+	}
+	require.NoError(t, loadgen.Publish(t.Context(), broker.URL, first, 10))
+	require.Eventually(t, func() bool {
+		return b.count(t, "SELECT count(*) FROM order_confirmations WHERE status = 'confirmed'") == 3 &&
+			b.count(t, "SELECT count(*) FROM outbox WHERE published_at IS NULL") == 0
+	}, time.Minute, 20*time.Millisecond, "the held orders confirmed and their events published")
+
+	// Orders of other keys at 30 a second, from before the first lock until
+	// after the last.
+	const perSecond = 30
+	total := int((time.Duration(len(cases))*(hold+4*time.Second) + 4*time.Second).Seconds() * perSecond)
+	var flow []loadgen.Message
+	for i := range total {
+		flow = append(flow, heldOrderCreated(fmt.Sprintf("fl-%05d", i)))
+	}
+	started := time.Now()
+	published := make(chan error, 1)
+	go func() { published <- loadgen.PublishPaced(t.Context(), broker.URL, flow, 10, perSecond) }()
+	publishedAt := func(i int) time.Time { return started.Add(time.Duration(i) * time.Second / perSecond) }
+	time.Sleep(2 * time.Second)
+
+	type window struct{ from, to time.Time }
+	held := make([]window, len(cases))
+	for i, c := range cases {
+		lockedAt, releasedAt := holdWhileOthersFlow(t, b, c, hold, func(until time.Time) []string {
+			var ids []string
+			for i := range total {
+				if publishedAt(i).Before(until) {
+					ids = append(ids, flow[i].MessageID)
+				}
+			}
+			return ids
+		})
+		held[i] = window{lockedAt, releasedAt}
+	}
+	require.NoError(t, <-published)
+	b.waitDrained(t, total+len(cases)+4, time.Minute)
+	require.Zero(t, b.count(t, "SELECT count(*) FROM inbox WHERE status <> 'processed'"), "every message handled")
+	require.Zero(t, b.count(t, "SELECT count(*) FROM inbox WHERE attempts <> 1"), "every message handled at its first attempt")
+	require.Zero(t, b.count(t, "SELECT count(*) FROM inbox_attempts WHERE outcome <> 'processed'"), "no attempt failed or abandoned")
+
+	// The figures, for the record (not asserted: tests keep no clock).
+	processed := map[string]time.Time{}
+	rows, err := db.Pool.Query(t.Context(), "SELECT message_id, processed_at FROM inbox")
+	require.NoError(t, err)
+	for rows.Next() {
+		var id string
+		var at time.Time
+		require.NoError(t, rows.Scan(&id, &at))
+		processed[id] = at
+	}
+	require.NoError(t, rows.Err())
+	for i, c := range cases {
+		var lat []time.Duration
+		for j := range total {
+			if p := publishedAt(j); p.After(held[i].from) && p.Before(held[i].to) {
+				lat = append(lat, processed[flow[j].MessageID].Sub(p))
+			}
+		}
+		slices.Sort(lat)
+		if len(lat) > 0 {
+			t.Logf("%s held %s: %d other orders published meanwhile, publish → processed p50 %s, p99 %s, max %s",
+				c.name, held[i].to.Sub(held[i].from).Round(time.Millisecond), len(lat), lat[len(lat)/2].Round(time.Millisecond),
+				lat[len(lat)*99/100].Round(time.Millisecond), lat[len(lat)-1].Round(time.Millisecond))
+		}
+	}
+}
+
+// heldOrderCreated is an order of one item of an HSKU picked from its id.
+func heldOrderCreated(id string) loadgen.Message {
+	sku := 0
+	for _, c := range id {
+		sku += int(c)
+	}
+	body, _ := json.Marshal(orders.OrderCreated{OrderID: id, UserID: "u", Email: "u@example.com",
+		Items: []orders.Item{{SKU: fmt.Sprintf("HSKU-%d", sku%7), Quantity: 1}}})
+	return loadgen.Message{MessageID: id + "-created", RoutingKey: orders.TypeOrderCreated, Body: body}
+}
+
+func heldOrderCancelled(id string) loadgen.Message {
+	body, _ := json.Marshal(orders.OrderCancelled{OrderID: id, Reason: "changed my mind"})
+	return loadgen.Message{MessageID: id + "-cancelled", RoutingKey: orders.TypeOrderCancelled, Body: body}
+}
+
+// heldRowCases are the four locks, each on an order of its own. The last
+// is an inbox row: staged by the owner as ingest would store it, due a
+// moment later, and held by an operator's session with its timeouts off.
+func heldRowCases(t *testing.T, db *testenv.DB) []lockCase {
+	lockThen := func(query, id string) func(t *testing.T, tx pgx.Tx) ([]loadgen.Message, func()) {
+		return func(t *testing.T, tx pgx.Tx) ([]loadgen.Message, func()) {
+			_, err := tx.Exec(t.Context(), query, id)
+			require.NoError(t, err)
+			return []loadgen.Message{heldOrderCancelled(id)}, func() {}
+		}
+	}
+	operatorURL := loginAs(t, db, "inbox_operator")
+	return []lockCase{
+		{name: "order_confirmations row", target: "held-conf",
+			hold:    lockThen("SELECT 1 FROM order_confirmations WHERE order_id = $1 FOR UPDATE", "held-conf"),
+			waiting: "waiting: order held-conf: %locked by another session%"},
+		{name: "stock_reservations rows", target: "held-res",
+			hold:    lockThen("SELECT 1 FROM stock_reservations WHERE order_id = $1 FOR UPDATE", "held-res"),
+			waiting: "waiting: order held-res: %locked by another session%"},
+		{name: "outbox rows", target: "held-out",
+			hold: lockThen("SELECT 1 FROM outbox WHERE payload->>'orderId' = $1 FOR UPDATE", "held-out")},
+		{name: "inbox row held by an operator", target: "held-inb",
+			hold: func(t *testing.T, _ pgx.Tx) ([]loadgen.Message, func()) {
+				m := heldOrderCreated("held-inb")
+				_, err := db.Pool.Exec(t.Context(), `INSERT INTO inbox (message_id, message_type, routing_key, payload, order_key, next_attempt_at)
+					VALUES ($1, $2, $2, $3, 'held-inb', now() + interval '2 seconds')`, m.MessageID, m.RoutingKey, m.Body)
+				require.NoError(t, err)
+				op, err := pgx.Connect(t.Context(), operatorURL)
+				require.NoError(t, err)
+				t.Cleanup(func() { _ = op.Close(context.WithoutCancel(t.Context())) })
+				_, err = op.Exec(t.Context(), "SET idle_in_transaction_session_timeout = 0; SET statement_timeout = 0; SET lock_timeout = 0")
+				require.NoError(t, err)
+				tx, err := op.Begin(t.Context())
+				require.NoError(t, err)
+				_, err = tx.Exec(t.Context(), "SELECT 1 FROM inbox WHERE message_id = $1 FOR UPDATE", m.MessageID)
+				require.NoError(t, err)
+				return []loadgen.Message{heldOrderCancelled("held-inb")}, func() {
+					require.NoError(t, tx.Rollback(t.Context()))
+				}
+			}},
+	}
+}
+
+// holdWhileOthersFlow takes c's lock, publishes c's messages, and holds it
+// for hold and until every other order published by the end of hold
+// (published lists them) is processed; it checks that c's messages waited
+// meanwhile, and after the release that they are processed. It returns when
+// the lock was taken and released.
+func holdWhileOthersFlow(t *testing.T, b *e2eBundle, c lockCase, hold time.Duration, published func(until time.Time) []string) (lockedAt, releasedAt time.Time) {
+	tx, err := b.db.Pool.Begin(t.Context())
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(context.WithoutCancel(t.Context())) }()
+	msgs, release := c.hold(t, tx)
+	lockedAt = time.Now()
+	require.NoError(t, loadgen.Publish(t.Context(), b.broker.URL, msgs, 10))
+	var ids []string
+	for _, m := range msgs {
+		ids = append(ids, m.MessageID)
+	}
+	if c.waiting != "" {
+		require.Eventually(t, func() bool {
+			return b.count(t, "SELECT count(*) FROM inbox WHERE message_id = ANY($1) AND status = 'pending' AND last_error LIKE $2", ids, c.waiting) > 0
+		}, hold, 20*time.Millisecond, "%s: its order's message waits with its reason", c.name)
+	}
+	time.Sleep(time.Until(lockedAt.Add(hold)))
+	others := published(lockedAt.Add(hold))
+	require.Eventually(t, func() bool {
+		return b.count(t, "SELECT count(*) FROM inbox WHERE message_id = ANY($1) AND status = 'processed'", others) == len(others)
+	}, time.Minute, 20*time.Millisecond, "%s: the other orders processed while it is held", c.name)
+	if c.waiting != "" || c.target == "held-inb" {
+		require.Zero(t, b.count(t, "SELECT count(*) FROM inbox WHERE order_key = $1 AND status = 'processed' AND received_at >= $2", c.target, lockedAt.Add(-time.Second)),
+			"%s: its order's messages wait while it is held", c.name)
+	}
+	release()
+	require.NoError(t, tx.Rollback(t.Context()))
+	releasedAt = time.Now()
+	require.Eventually(t, func() bool {
+		return b.count(t, "SELECT count(*) FROM inbox WHERE order_key = $1 AND status = 'processed'", c.target) == 2
+	}, 30*time.Second, 20*time.Millisecond, "%s: its order's messages processed once it is released", c.name)
+	return lockedAt, releasedAt
+}
