@@ -67,28 +67,40 @@ BEGIN
 
         -- Copied to each login member (not a superuser, not the caller,
         -- not the service) that has no setting of its own for it.
-        FOR login, setting IN
-            WITH RECURSIVE members AS (
-                SELECT m.member FROM pg_auth_members m WHERE m.roleid = 'inbox_operator'::regrole
-                UNION
-                SELECT m.member FROM pg_auth_members m JOIN members ON m.roleid = members.member
-            )
-            SELECT r.rolname, c
-            FROM members
-            JOIN pg_roles r ON r.oid = members.member
-            CROSS JOIN LATERAL (SELECT unnest(setconfig) AS c FROM pg_db_role_setting
-                                WHERE setrole = 'inbox_operator'::regrole AND setdatabase = 0) g
-            WHERE r.rolcanlogin AND NOT r.rolsuper AND r.rolname <> current_user
-              AND NOT pg_has_role(r.oid, 'inbox_service', 'MEMBER')
-              AND split_part(c, '=', 1) IN ('statement_timeout', 'lock_timeout', 'idle_in_transaction_session_timeout')
-              AND NOT EXISTS (SELECT 1 FROM pg_db_role_setting s, unnest(s.setconfig) own
-                              WHERE s.setrole = r.oid AND s.setdatabase = 0
-                                AND split_part(own, '=', 1) = split_part(c, '=', 1))
-        LOOP
+        -- A login dropped meanwhile (by another session, between the
+        -- query's reading of the members and its checks of each) needs no
+        -- settings: the copy runs again without it.
+        FOR try IN 1..3 LOOP
             BEGIN
-                EXECUTE format('ALTER ROLE %I SET %I = %L', login, split_part(setting, '=', 1), split_part(setting, '=', 2));
-            EXCEPTION WHEN insufficient_privilege THEN
-                RAISE NOTICE '% may not change role %: run ALTER ROLE % SET % = %', current_user, login, quote_ident(login), split_part(setting, '=', 1), quote_literal(split_part(setting, '=', 2));
+                FOR login, setting IN
+                    WITH RECURSIVE members AS (
+                        SELECT m.member FROM pg_auth_members m WHERE m.roleid = 'inbox_operator'::regrole
+                        UNION
+                        SELECT m.member FROM pg_auth_members m JOIN members ON m.roleid = members.member
+                    )
+                    SELECT r.rolname, c
+                    FROM members
+                    JOIN pg_roles r ON r.oid = members.member
+                    CROSS JOIN LATERAL (SELECT unnest(setconfig) AS c FROM pg_db_role_setting
+                                        WHERE setrole = 'inbox_operator'::regrole AND setdatabase = 0) g
+                    WHERE r.rolcanlogin AND NOT r.rolsuper AND r.rolname <> current_user
+                      AND NOT pg_has_role(r.oid, 'inbox_service', 'MEMBER')
+                      AND split_part(c, '=', 1) IN ('statement_timeout', 'lock_timeout', 'idle_in_transaction_session_timeout')
+                      AND NOT EXISTS (SELECT 1 FROM pg_db_role_setting s, unnest(s.setconfig) own
+                                      WHERE s.setrole = r.oid AND s.setdatabase = 0
+                                        AND split_part(own, '=', 1) = split_part(c, '=', 1))
+                LOOP
+                    BEGIN
+                        EXECUTE format('ALTER ROLE %I SET %I = %L', login, split_part(setting, '=', 1), split_part(setting, '=', 2));
+                    EXCEPTION WHEN insufficient_privilege THEN
+                        RAISE NOTICE '% may not change role %: run ALTER ROLE % SET % = %', current_user, login, quote_ident(login), split_part(setting, '=', 1), quote_literal(split_part(setting, '=', 2));
+                    END;
+                END LOOP;
+                EXIT;
+            EXCEPTION WHEN undefined_object THEN
+                IF try = 3 THEN
+                    RAISE;
+                END IF;
             END;
         END LOOP;
     END IF;
