@@ -10,22 +10,14 @@ import (
 )
 
 func httpGet(ctx context.Context, url string) (int, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return 0, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	return resp.StatusCode, nil
+	return clientGet(ctx, http.DefaultClient, url)
 }
 
-// probeLoop sends GET /readyz in a loop from clients concurrent clients,
-// each with a connection of its own, until ctx ends, and returns the
-// requests answered 200 and those that were not (errors included).
-func probeLoop(ctx context.Context, httpAddr string, clients int) (ok, notOK int64) {
+// getLoop sends GET requests in a loop from clients concurrent clients,
+// each with a connection of its own, to the paths path returns, until ctx
+// ends, and returns the requests whose status good accepts and the others
+// (errors included).
+func getLoop(ctx context.Context, httpAddr string, clients int, path func() string, good func(status int) bool) (ok, notOK int64) {
 	var okN, badN atomic.Int64
 	var wg sync.WaitGroup
 	for range clients {
@@ -33,22 +25,12 @@ func probeLoop(ctx context.Context, httpAddr string, clients int) (ok, notOK int
 			client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1}, Timeout: 5 * time.Second}
 			defer client.CloseIdleConnections()
 			for ctx.Err() == nil {
-				req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+httpAddr+"/readyz", nil)
-				if err != nil {
-					return
-				}
-				resp, err := client.Do(req)
-				if err != nil {
-					if ctx.Err() == nil {
-						badN.Add(1)
-					}
-					continue
-				}
-				_, _ = io.Copy(io.Discard, resp.Body)
-				_ = resp.Body.Close()
-				if resp.StatusCode == http.StatusOK {
+				status, err := clientGet(ctx, client, "http://"+httpAddr+path())
+				switch {
+				case err != nil && ctx.Err() != nil:
+				case err == nil && good(status):
 					okN.Add(1)
-				} else {
+				default:
 					badN.Add(1)
 				}
 			}
@@ -56,4 +38,27 @@ func probeLoop(ctx context.Context, httpAddr string, clients int) (ok, notOK int
 	}
 	wg.Wait()
 	return okN.Load(), badN.Load()
+}
+
+// clientGet sends GET url through client and returns the status, the body
+// read and discarded.
+func clientGet(ctx context.Context, client *http.Client, url string) (int, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	_ = resp.Body.Close()
+	return resp.StatusCode, nil
+}
+
+// probeLoop sends GET /readyz in a loop from clients concurrent clients
+// until ctx ends, and returns the requests answered 200 and the others.
+func probeLoop(ctx context.Context, httpAddr string, clients int) (ok, notOK int64) {
+	return getLoop(ctx, httpAddr, clients, func() string { return "/readyz" },
+		func(status int) bool { return status == http.StatusOK })
 }

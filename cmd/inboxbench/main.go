@@ -14,7 +14,9 @@
 //  7. the same messages through the broker alone, acked and nothing else:
 //     the ceiling (1) is compared with;
 //  8. a real inboxd draining a backlog, without and with 200 clients
-//     probing /readyz in a loop: what readiness probes cost the workers.
+//     probing /readyz in a loop: what readiness probes cost the workers;
+//  9. the same while 200 clients flood the status page's API: how fast
+//     /healthz and /readyz are answered meanwhile.
 //
 // Messages are persistent and published with confirms to a quorum queue.
 //
@@ -86,6 +88,7 @@ var scenarios = []struct {
 	{"steady", benchSteady},
 	{"claim", benchClaim},
 	{"probes", benchProbes},
+	{"flood", benchFlood},
 }
 
 // run parses args, runs the scenarios chosen, and prints the report to
@@ -140,11 +143,11 @@ func parseFlags(args []string) (*options, error) {
 	fs.IntVar(&o.skus, "skus", 1000, "distinct SKUs the orders draw from (each stocked so that no order is rejected)")
 	fs.BoolVar(&o.preload, "preload", false, "domain: publish everything before starting inboxd, and time how fast it drains the queue")
 	fs.StringVar(&o.serviceEnv, "env", "", "extra environment for inboxd, comma-separated KEY=VALUE pairs")
-	fs.StringVar(&only, "only", "", "comma-separated scenarios to run: core, passthrough, split, domain, domainruler, steady, claim, probes (default: all)")
+	fs.StringVar(&only, "only", "", "comma-separated scenarios to run: core, passthrough, split, domain, domainruler, steady, claim, probes, flood (default: all)")
 	fs.Float64Var(&o.steadyRate, "steady-rate", 1000, "steady: messages per second")
 	fs.DurationVar(&o.steadyDuration, "steady-duration", 5*time.Minute, "steady: how long to publish")
-	fs.IntVar(&o.probeClients, "probe-clients", 200, "probes: concurrent clients sending GET /readyz in a loop")
-	fs.IntVar(&o.probeMessages, "probe-messages", 20_000, "probes: the backlog drained, without and with the probes")
+	fs.IntVar(&o.probeClients, "probe-clients", 200, "probes, flood: concurrent clients sending GET /readyz (probes) or GET /api/messages/<random> (flood) in a loop")
+	fs.IntVar(&o.probeMessages, "probe-messages", 20_000, "probes, flood: the backlog drained, without and with the probes, or during the flood")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the bench process (which runs ingest and the workers of core and split) to this file")
 	fs.StringVar(&claimRows, "claim-rows", "0,1000000,10000000", "claim: processed rows in the inbox at each measurement, ascending")
 	if err := fs.Parse(args); err != nil {

@@ -150,9 +150,17 @@ const HTTPRequestRate = 200
 
 // HTTPClientRate is how many requests a second one client (one remote
 // address) gets from the status page and its API, beyond a burst of
-// httpClientBurst; one over it is answered 429 at once, so that a single
-// client cannot spend the page's whole rate.
+// httpClientBurst, so that a single client cannot spend the page's whole
+// rate. One over it is answered 429 after HTTPClientTarpit: a flood's
+// connections each send one request a second instead of as many as the
+// server can refuse, and refusing them no longer takes the CPU the probes
+// and the workers need.
 const HTTPClientRate = 20
+
+// HTTPClientTarpit is how long a request over its client's rate is held
+// before its 429, for up to httpTarpitHeld such requests at once (past
+// that, the 429 is at once).
+const HTTPClientTarpit = time.Second
 
 const (
 	httpRequestBurst = 50
@@ -163,32 +171,38 @@ const (
 	// httpClientsTracked bounds the clients whose rate is kept; past it the
 	// record starts over.
 	httpClientsTracked = 10_000
+	// httpTarpitHeld bounds the requests held by HTTPClientTarpit at once.
+	httpTarpitHeld = 2_000
 )
 
 // pace is how the status page is limited: all clients together (rate,
-// burst, and how long a request waits for its turn), and each client.
+// burst, and how long a request waits for its turn), and each client (rate,
+// burst, and how long a request over them is held before its 429).
 type pace struct {
-	rate        float64
-	burst       int
-	wait        time.Duration
-	clientRate  float64
-	clientBurst int
+	rate         float64
+	burst        int
+	wait         time.Duration
+	clientRate   float64
+	clientBurst  int
+	clientTarpit time.Duration
 }
 
 var statusPagePace = pace{
 	rate: HTTPRequestRate, burst: httpRequestBurst, wait: httpPaceWait,
-	clientRate: HTTPClientRate, clientBurst: httpClientBurst,
+	clientRate: HTTPClientRate, clientBurst: httpClientBurst, clientTarpit: HTTPClientTarpit,
 }
 
 // limit serves h within p: each client first, then all together.
 func (p pace) limit(h http.Handler) http.Handler {
-	return perClient(paced(h, p.rate, p.burst, p.wait), p.clientRate, p.clientBurst)
+	return perClient(paced(h, p.rate, p.burst, p.wait), p.clientRate, p.clientBurst, p.clientTarpit)
 }
 
 // perClient serves each client (by remote address, without its port) at
 // most perSecond requests a second after a burst, answering 429 with
-// Retry-After at once beyond that.
-func perClient(h http.Handler, perSecond float64, burst int) http.Handler {
+// Retry-After beyond that, after holding the request for tarpit (at once
+// when httpTarpitHeld requests are held already).
+func perClient(h http.Handler, perSecond float64, burst int, tarpit time.Duration) http.Handler {
+	held := make(chan struct{}, httpTarpitHeld)
 	var mu sync.Mutex
 	clients := map[string]*rate.Limiter{}
 	allow := func(client string) bool {
@@ -210,12 +224,31 @@ func perClient(h http.Handler, perSecond float64, burst int) http.Handler {
 			client = r.RemoteAddr
 		}
 		if !allow(client) {
+			select {
+			case held <- struct{}{}:
+				hold(r.Context(), tarpit)
+				<-held
+			default:
+			}
 			w.Header().Set("Retry-After", "1")
 			http.Error(w, "too many requests from this client", http.StatusTooManyRequests)
 			return
 		}
 		h.ServeHTTP(w, r)
 	})
+}
+
+// hold waits for d, or until ctx ends.
+func hold(ctx context.Context, d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
 }
 
 // paced serves h at most perSecond requests a second (after a burst):

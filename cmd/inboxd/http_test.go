@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"io"
 	"net"
 	"net/http"
@@ -125,5 +126,43 @@ func TestProbesAreNeverPaced(t *testing.T) {
 		for _, path := range []string{"/healthz", "/readyz", "/metrics"} {
 			require.Equal(t, http.StatusOK, get(path, "10.0.0.1"), path)
 		}
+	}
+}
+
+// A request over its client's rate is held for the tarpit before its 429
+// (until the client gives up, here), so a flood's connections each cost a
+// request a second rather than as many as the server can refuse; once
+// httpTarpitHeld requests are held, the next is refused at once.
+func TestAFloodIsHeldBeforeItIsRefused(t *testing.T) {
+	t.Parallel()
+	ok := func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) }
+	h := perClient(http.HandlerFunc(ok), 0.001, 1, time.Hour)
+	serve := func(ctx context.Context) <-chan int {
+		code := make(chan int, 1)
+		go func() {
+			rec := httptest.NewRecorder()
+			req := httptest.NewRequestWithContext(ctx, http.MethodGet, "/api/messages/a", nil)
+			req.RemoteAddr = "10.0.0.1:40000"
+			h.ServeHTTP(rec, req)
+			code <- rec.Code
+		}()
+		return code
+	}
+	require.Equal(t, http.StatusOK, <-serve(t.Context()))
+
+	ctx, cancel := context.WithCancel(t.Context())
+	answers := make(chan int, httpTarpitHeld+1)
+	for range httpTarpitHeld + 1 {
+		go func() { answers <- <-serve(ctx) }()
+	}
+	require.Equal(t, http.StatusTooManyRequests, <-answers, "one refused at once: the tarpit is full")
+	select {
+	case c := <-answers:
+		t.Fatalf("answered %d while held", c)
+	case <-time.After(100 * time.Millisecond):
+	}
+	cancel()
+	for range httpTarpitHeld {
+		require.Equal(t, http.StatusTooManyRequests, <-answers)
 	}
 }
