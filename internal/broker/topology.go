@@ -165,12 +165,12 @@ const HeartbeatDefault = 10 * time.Second
 
 // Dial opens a connection to the broker at url, named name in the broker's
 // tools, with heartbeat (0 takes the broker's suggestion) detecting half-open
-// links, and a 10-second bound on connecting.
+// links, a 10-second bound on connecting, and WriteTimeout on every write.
 func Dial(url, name string, heartbeat time.Duration) (*amqp.Connection, error) {
 	conn, err := amqp.DialConfig(url, amqp.Config{
 		Heartbeat:  heartbeat,
 		Locale:     "en_US",
-		Dial:       amqp.DefaultDial(10 * time.Second),
+		Dial:       dialWithWriteTimeout(10*time.Second, WriteTimeout),
 		Properties: amqp.Table{"connection_name": name},
 	})
 	if err != nil {
