@@ -98,7 +98,7 @@ type setting struct {
 func (c *config) settings() []setting {
 	return []setting{
 		{name: "DATABASE_URL", doc: "PostgreSQL connection URL or DSN; a search_path parameter selects the schema", secret: true, apply: c.parseDatabaseURL},
-		{name: "AMQP_URL", doc: "RabbitMQ URL, amqp:// or amqps:// (serve only)", secret: true, serveOnly: true, apply: c.parseAMQPURL},
+		{name: "AMQP_URL", doc: "RabbitMQ URL, amqp:// or amqps://; a cluster's nodes as several URLs separated by commas, tried in turn on every (re)connect (serve only)", secret: true, serveOnly: true, apply: c.parseAMQPURL},
 		{name: "HTTP_ADDR", def: HTTPAddrDefault, doc: "address of /healthz, /readyz, /metrics and the status page; keep it private", apply: c.parseHTTPAddr},
 		{name: "INBOX_STATUS_PAGE", def: "true", doc: "serve the read-only status page on HTTP_ADDR at / (JSON under /api/)", apply: boolVar(&c.statusPage)},
 		{name: "INBOX_PPROF_ADDR", optional: true, doc: "address of Go's profiler (/debug/pprof/), apart from HTTP_ADDR; empty: no profiler. Keep it private", apply: c.parsePprofAddr},
@@ -240,8 +240,10 @@ func (c *config) parseDatabaseURL(v string) error {
 }
 
 func (c *config) parseAMQPURL(v string) error {
-	if _, err := amqp.ParseURI(v); err != nil {
-		return secretParseError(v, err)
+	for _, node := range broker.Nodes(v) {
+		if _, err := amqp.ParseURI(node); err != nil {
+			return secretParseError(node, err)
+		}
 	}
 	c.amqpURL = v
 	return nil

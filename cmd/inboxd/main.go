@@ -44,7 +44,7 @@ var errUsage = errors.New("usage: inboxd migrate|serve|redeliver-unroutable|heal
 // Neither its error nor its log holds a password of DATABASE_URL or
 // AMQP_URL, whether they parse or not.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) (err error) {
-	redactor := newRedactor(getenv("DATABASE_URL"), getenv("AMQP_URL"))
+	redactor := newRedactor(append([]string{getenv("DATABASE_URL")}, broker.Nodes(getenv("AMQP_URL"))...)...)
 	defer func() {
 		if err != nil && !errors.Is(err, errUsage) {
 			err = redactedError{err: err, r: redactor}

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 )
@@ -156,36 +155,6 @@ func DrainReturns(returns <-chan amqp.Return) []amqp.Return {
 		default:
 			return out
 		}
-	}
-}
-
-// HeartbeatDefault is the AMQP heartbeat interval of ingest's and the
-// relay's connections.
-const HeartbeatDefault = 10 * time.Second
-
-// Dial opens a connection to the broker at url, named name in the broker's
-// tools, with heartbeat (0 takes the broker's suggestion) detecting half-open
-// links, a 10-second bound on connecting, and WriteTimeout on every write.
-func Dial(url, name string, heartbeat time.Duration) (*amqp.Connection, error) {
-	conn, err := amqp.DialConfig(url, amqp.Config{
-		Heartbeat:  heartbeat,
-		Locale:     "en_US",
-		Dial:       dialWithWriteTimeout(10*time.Second, WriteTimeout),
-		Properties: amqp.Table{"connection_name": name},
-	})
-	if err != nil {
-		return nil, fmt.Errorf("connect to broker: %w", err)
-	}
-	return conn, nil
-}
-
-// CloseHard closes conns within half a second, whether the broker answers
-// or not: a connection it blocks (memory or disk alarm) never answers a
-// graceful close. Services call it once their grace period is over.
-func CloseHard(conns ...*amqp.Connection) {
-	deadline := time.Now().Add(500 * time.Millisecond)
-	for _, c := range conns {
-		_ = c.CloseDeadline(deadline)
 	}
 }
 
