@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -26,12 +25,7 @@ import (
 // default; the README's figure is of a 40-second run).
 func TestALockedStockRowStallsOnlyItsOrders(t *testing.T) {
 	t.Parallel()
-	hold := 10 * time.Second
-	if v := os.Getenv("LOCK_TEST_SECONDS"); v != "" {
-		n, err := strconv.Atoi(v)
-		require.NoError(t, err)
-		hold = time.Duration(n) * time.Second
-	}
+	hold := lockHold(t, 10*time.Second)
 	db, broker := testenv.NewDB(t), testenv.NewBroker(t)
 	require.NoError(t, loadgen.DeclareTopology(broker.URL, "quorum"))
 	b := &e2eBundle{db: db, broker: broker}
@@ -122,11 +116,9 @@ func TestALockedStockRowStallsOnlyItsOrders(t *testing.T) {
 		}
 	}
 	require.NoError(t, rows.Err())
-	slices.Sort(lat)
-	t.Logf("lock held %s (and until the %d other orders were confirmed): their publish → processed p50 %s, p99 %s, max %s; "+
+	t.Logf("lock held %s (and until the %d other orders were confirmed): their publish → processed %s; "+
 		"the locked SKU's last order published while it was held processed %s after the release",
-		hold, len(others), lat[len(lat)/2].Round(time.Millisecond), lat[len(lat)*99/100].Round(time.Millisecond),
-		lat[len(lat)-1].Round(time.Millisecond), lastLocked.Sub(releasedAt).Round(time.Millisecond))
+		hold, len(others), latencySummary(lat), lastLocked.Sub(releasedAt).Round(time.Millisecond))
 }
 
 // Acceptance: 16 bodies of 24 MiB among 100 small orders, with an in-flight

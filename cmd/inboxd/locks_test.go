@@ -43,12 +43,7 @@ type lockCase struct {
 // issue's figure is of 30).
 func TestEveryHeldRowStallsOnlyItsOrder(t *testing.T) {
 	t.Parallel()
-	hold := 5 * time.Second
-	if v := os.Getenv("LOCK_TEST_SECONDS"); v != "" {
-		n, err := strconv.Atoi(v)
-		require.NoError(t, err)
-		hold = time.Duration(n) * time.Second
-	}
+	hold := lockHold(t, 5*time.Second)
 	db, broker := testenv.NewDB(t), testenv.NewBroker(t)
 	require.NoError(t, loadgen.DeclareTopology(broker.URL, "quorum"))
 	b := &e2eBundle{db: db, broker: broker}
@@ -119,13 +114,32 @@ func TestEveryHeldRowStallsOnlyItsOrder(t *testing.T) {
 				lat = append(lat, processed[flow[j].MessageID].Sub(p))
 			}
 		}
-		slices.Sort(lat)
-		if len(lat) > 0 {
-			t.Logf("%s held %s: %d other orders published meanwhile, publish → processed p50 %s, p99 %s, max %s",
-				c.name, held[i].to.Sub(held[i].from).Round(time.Millisecond), len(lat), lat[len(lat)/2].Round(time.Millisecond),
-				lat[len(lat)*99/100].Round(time.Millisecond), lat[len(lat)-1].Round(time.Millisecond))
-		}
+		t.Logf("%s held %s: %d other orders published meanwhile, publish → processed %s",
+			c.name, held[i].to.Sub(held[i].from).Round(time.Millisecond), len(lat), latencySummary(lat))
 	}
+}
+
+// lockHold is how long a lock test holds each lock: LOCK_TEST_SECONDS, or
+// def.
+func lockHold(t *testing.T, def time.Duration) time.Duration {
+	t.Helper()
+	v := os.Getenv("LOCK_TEST_SECONDS")
+	if v == "" {
+		return def
+	}
+	n, err := strconv.Atoi(v)
+	require.NoError(t, err)
+	return time.Duration(n) * time.Second
+}
+
+// latencySummary is "p50 …, p99 …, max …" of lat, for a test's log.
+func latencySummary(lat []time.Duration) string {
+	if len(lat) == 0 {
+		return "(none)"
+	}
+	slices.Sort(lat)
+	return fmt.Sprintf("p50 %s, p99 %s, max %s", lat[len(lat)/2].Round(time.Millisecond),
+		lat[len(lat)*99/100].Round(time.Millisecond), lat[len(lat)-1].Round(time.Millisecond))
 }
 
 // heldOrderCreated is an order of one item of an HSKU picked from its id.
