@@ -1,6 +1,7 @@
 package main
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -57,11 +58,22 @@ func failOver(t *testing.T, synchronous bool) (*e2eBundle, *loadgen.Workload) {
 	require.NoError(t, loadgen.DeclareTopology(mq.URL, broker.QueueTypeQuorum))
 	b := &e2eBundle{db: &testenv.DB{URL: pair.URL(), Pool: pool}, broker: mq, seen: map[string]int{}, arrivals: map[string][]string{}}
 	b.subscribeDownstream(t)
-	p := startProcess(t, serviceEnv(b.db, mq, "INBOX_CLAIM_LEASE=1s"))
+	addr := freeAddr(t)
+	p := startProcess(t, serviceEnv(b.db, mq, "INBOX_CLAIM_LEASE=1s", "HTTP_ADDR="+addr))
 	t.Cleanup(func() { require.False(t, p.exited(), "followed the new primary without a restart") })
 	require.Eventually(t, func() bool {
 		return b.count(t, "SELECT count(*) FROM pg_tables WHERE tablename = 'stock'") == 1
 	}, time.Minute, 50*time.Millisecond, "migrated")
+	// What an ack's commit waits for is shown: /readyz's detail and a metric.
+	want, waits := "commits wait for the primary's disk only", 0.0
+	if synchronous {
+		want, waits = "commits wait for a standby", 1
+	}
+	require.Eventually(t, func() bool {
+		_, body := httpGet(t, "http://"+addr+"/readyz")
+		return strings.Contains(body, want)
+	}, 30*time.Second, 100*time.Millisecond, "/readyz: %s", want)
+	require.Equal(t, waits, scrape(t, addr)["inbox_commit_waits_for_standby"])
 	for _, sku := range []string{"SKU-1", "SKU-2", "SKU-3"} {
 		_, err := pool.Exec(t.Context(), "INSERT INTO stock (sku, available) VALUES ($1, $2)", sku, initialStock)
 		require.NoError(t, err)

@@ -63,26 +63,49 @@ func newHTTPServer(h http.Handler, writeTimeout time.Duration) *http.Server {
 // postgresCheck pings PostgreSQL for /readyz through a pool of its own (so
 // that probes never take a connection from the service's work), once per
 // ReadyPingInterval at most: concurrent probes share one ping and its
-// result.
+// result. The ping reads what an ack's commit waits for (see durability).
 type postgresCheck struct {
 	pool *pgxpool.Pool
 	mu   sync.Mutex
 	at   time.Time
 	err  error
+	d    durability
 }
 
-func (c *postgresCheck) check(ctx context.Context) error {
+// durability is what a commit of the service's sessions waits for: the
+// server's synchronous_standby_names (empty: the primary's own disk only,
+// so a failover to a standby may lose acked messages) and the session's
+// synchronous_commit.
+type durability struct {
+	standbyNames, synchronousCommit string
+}
+
+// waitsForStandby reports whether a commit waits for a standby too.
+func (d durability) waitsForStandby() bool {
+	return d.standbyNames != "" && d.synchronousCommit != "local" && d.synchronousCommit != "off"
+}
+
+// String says it for /readyz.
+func (d durability) String() string {
+	if d.waitsForStandby() {
+		return fmt.Sprintf("commits wait for a standby (synchronous_standby_names = %q, synchronous_commit = %s)", d.standbyNames, d.synchronousCommit)
+	}
+	return "commits wait for the primary's disk only: a failover to an asynchronous standby may lose acked messages (synchronous_standby_names is empty)"
+}
+
+func (c *postgresCheck) check(ctx context.Context) (durability, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.at.IsZero() && time.Since(c.at) < ReadyPingInterval {
-		return c.err
+		return c.d, c.err
 	}
 	// The probe that pings may go away; the others wait for its answer.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), readyPingTimeout)
 	defer cancel()
-	c.err = c.pool.Ping(ctx)
+	c.err = c.pool.QueryRow(ctx, "SELECT current_setting('synchronous_standby_names'), current_setting('synchronous_commit')").
+		Scan(&c.d.standbyNames, &c.d.synchronousCommit)
 	c.at = time.Now()
-	return c.err
+	return c.d, c.err
 }
 
 // newHTTPHandler serves /healthz (the process is alive), /readyz (it can
@@ -117,12 +140,23 @@ func probes(readyPool *pgxpool.Pool, ingest *ingest.Ingest, relay *outbox.Relay,
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	pg := &postgresCheck{pool: readyPool}
+	registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "inbox_commit_waits_for_standby",
+		Help: "1 when the service's commits (and so its acks) wait for a synchronous standby, 0 when for the primary's disk only; read by /readyz's ping.",
+	}, func() float64 {
+		if d, err := pg.check(context.Background()); err == nil && d.waitsForStandby() {
+			return 1
+		}
+		return 0
+	}))
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		checks := map[string]string{"postgres": "ok", "rabbitmq": "ok", "relay": "ok"}
 		status := http.StatusOK
-		if err := pg.check(r.Context()); err != nil {
+		if d, err := pg.check(r.Context()); err != nil {
 			checks["postgres"] = "unreachable"
 			status = http.StatusServiceUnavailable
+		} else {
+			checks["durability"] = d.String()
 		}
 		if !ingest.Consuming() {
 			checks["rabbitmq"] = "not consuming"
