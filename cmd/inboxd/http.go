@@ -109,11 +109,11 @@ func (c *postgresCheck) check(ctx context.Context) (durability, error) {
 }
 
 // newHTTPHandler serves /healthz (the process is alive), /readyz (it can
-// reach PostgreSQL through readyPool, is consuming from RabbitMQ and its
+// reach PostgreSQL, as ready checks, is consuming from RabbitMQ and its
 // relay is connected), /metrics (Prometheus) and the status page at / when
 // statusPage is not nil.
-func newHTTPHandler(readyPool *pgxpool.Pool, ingest *ingest.Ingest, relay *outbox.Relay, registry *prometheus.Registry, statusPage http.Handler) http.Handler {
-	return routes(probes(readyPool, ingest, relay, registry), statusPage, statusPagePace)
+func newHTTPHandler(ready *postgresCheck, ingest *ingest.Ingest, relay *outbox.Relay, registry *prometheus.Registry, statusPage http.Handler) http.Handler {
+	return routes(probes(ready, ingest, relay, registry), statusPage, statusPagePace)
 }
 
 // routes serves the probes as they are and the status page, when not nil,
@@ -129,7 +129,7 @@ func routes(probes *http.ServeMux, statusPage http.Handler, p pace) http.Handler
 }
 
 // probes serves /healthz, /readyz and /metrics.
-func probes(readyPool *pgxpool.Pool, ingest *ingest.Ingest, relay *outbox.Relay, registry *prometheus.Registry) *http.ServeMux {
+func probes(pg *postgresCheck, ingest *ingest.Ingest, relay *outbox.Relay, registry *prometheus.Registry) *http.ServeMux {
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{
 		// OpenMetrics, when the scraper asks for it, carries the exemplars
@@ -139,7 +139,6 @@ func probes(readyPool *pgxpool.Pool, ingest *ingest.Ingest, relay *outbox.Relay,
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
-	pg := &postgresCheck{pool: readyPool}
 	registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "inbox_commit_waits_for_standby",
 		Help: "1 when the service's commits (and so its acks) wait for a synchronous standby, 0 when for the primary's disk only; read by /readyz's ping.",

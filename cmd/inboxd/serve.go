@@ -77,12 +77,13 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger, tp *tracing.Pr
 		return err
 	}
 	registerUnroutable(m.Registry, p.Relay)
-	statusPage, err := newStatusPage(cfg, ps.status, logger, build, servingSince, p)
+	ready := &postgresCheck{pool: ps.ready}
+	statusPage, err := newStatusPage(cfg, ps.status, logger, build, servingSince, p, ready)
 	if err != nil {
 		return err
 	}
 
-	httpServer, services := httpServices(cfg, logger, newHTTPHandler(ps.ready, p.Ingest, p.Relay, m.Registry, statusPage))
+	httpServer, services := httpServices(cfg, logger, newHTTPHandler(ready, p.Ingest, p.Relay, m.Registry, statusPage))
 	// The pipeline's work ends a little before the grace does, so that
 	// what it then cuts short (a batch rolled back, a broker connection
 	// closed hard) is over within it too.
@@ -158,7 +159,7 @@ func registerUnroutable(registry *prometheus.Registry, relay *outbox.Relay) {
 
 // newStatusPage returns the status page, which reads the database through
 // pool and the service's own state from p, or nil when it is off.
-func newStatusPage(cfg *config, pool *pgxpool.Pool, logger *slog.Logger, build string, started time.Time, p *pipeline.Pipeline) (http.Handler, error) {
+func newStatusPage(cfg *config, pool *pgxpool.Pool, logger *slog.Logger, build string, started time.Time, p *pipeline.Pipeline, ready *postgresCheck) (http.Handler, error) {
 	if !cfg.statusPage {
 		return nil, nil
 	}
@@ -175,6 +176,9 @@ func newStatusPage(cfg *config, pool *pgxpool.Pool, logger *slog.Logger, build s
 			}
 			if blocked, reason := relay.Blocked(); blocked {
 				state.BrokerAlarm = cmp.Or(reason, "alarm")
+			}
+			if d, err := ready.check(context.Background()); err == nil {
+				state.Durability = d.String()
 			}
 			return state
 		},

@@ -149,6 +149,7 @@ func TestStatusPageInBrowser(t *testing.T) {
 		require.Equal(t, "connected", metrics["postgres"])
 		require.Equal(t, "connected", metrics["rabbitmq"])
 		require.Equal(t, "test-build", metrics["build"])
+		require.Equal(t, testDurability, metrics["durability"])
 		require.Equal(t, "needs attention", metrics["verdict"], "dead messages need a person")
 	})
 

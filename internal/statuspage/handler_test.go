@@ -52,6 +52,9 @@ func setupBench(t testing.TB) *testBundle {
 	return &testBundle{db: db, page: page, server: server}
 }
 
+// testDurability is what the test page is told an ack's commit waits for.
+const testDurability = "commits wait for a standby (test)"
+
 func newPage(t testing.TB, pool *pgxpool.Pool) *statuspage.Handler {
 	t.Helper()
 	page, err := statuspage.New(pool, &statuspage.Config{
@@ -59,7 +62,7 @@ func newPage(t testing.TB, pool *pgxpool.Pool) *statuspage.Handler {
 		Build:   "test-build",
 		Started: time.Now().Add(-90 * time.Minute),
 		State: func() statuspage.ServiceState {
-			return statuspage.ServiceState{IngestConsuming: true, RelayConnected: true, Workers: 2}
+			return statuspage.ServiceState{IngestConsuming: true, RelayConnected: true, Workers: 2, Durability: testDurability}
 		},
 	})
 	require.NoError(t, err)
@@ -144,6 +147,7 @@ func TestStatusPageJSON(t *testing.T) {
 	require.True(t, o.Database.Reachable)
 	require.Equal(t, "test-build", o.Service.Build)
 	require.True(t, o.Service.RabbitMQConnected())
+	require.Equal(t, testDurability, o.Service.Durability)
 
 	var want statuspage.InboxNow
 	require.NoError(t, b.db.Pool.QueryRow(t.Context(), `

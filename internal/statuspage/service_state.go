@@ -16,6 +16,10 @@ type ServiceState struct {
 	// connection (a memory or disk alarm), and why: no event is published
 	// until it clears.
 	BrokerAlarm string `json:"broker_alarm,omitempty"`
+	// Durability says what an ack's commit waits for: a synchronous
+	// standby, or the primary's disk only (then a failover to an
+	// asynchronous standby may lose acked messages). Empty when unknown.
+	Durability string `json:"durability,omitempty"`
 }
 
 // RabbitMQConnected reports whether both ingest and the relay are
