@@ -2,7 +2,6 @@ package main
 
 import (
 	"cmp"
-	"net/url"
 	"os"
 	"os/exec"
 	"strings"
@@ -162,11 +161,7 @@ func TestDisruptiveMemoryAlarm(t *testing.T) {
 func TestDisruptivePostgresCrashLosesNoAckedMessage(t *testing.T) {
 	requireDisruptive(t)
 	b := setup(t)
-	serviceURL := loginAs(t, b.db, "inbox_service")
-	u, err := url.Parse(serviceURL)
-	require.NoError(t, err)
-	_, err = b.db.Pool.Exec(t.Context(), "ALTER ROLE "+u.User.Username()+" SET synchronous_commit = off")
-	require.NoError(t, err)
+	serviceURL := asyncServiceLogin(t, b.db)
 	p := startProcess(t, serviceEnv(b.db, b.broker, "DATABASE_URL="+serviceURL, "INBOX_MIGRATE=false", "INBOX_CLAIM_LEASE=500ms"))
 	w := loadgen.Generate(loadgen.Spec{Orders: 4000, Seed: 14})
 	published := publishSlowly(t, b.broker.URL, w, 5*time.Millisecond)

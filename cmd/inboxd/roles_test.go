@@ -186,17 +186,25 @@ func TestOperatorSessionIdleInATransactionIsEnded(t *testing.T) {
 	require.Error(t, err, "the idle transaction was ended")
 }
 
+// asyncServiceLogin makes a login in inbox_service whose role sets
+// synchronous_commit = off (a common tuning), and returns its URL.
+func asyncServiceLogin(t *testing.T, db *testenv.DB) string {
+	t.Helper()
+	serviceURL := loginAs(t, db, "inbox_service")
+	u, err := url.Parse(serviceURL)
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(t.Context(), "ALTER ROLE "+u.User.Username()+" SET synchronous_commit = off")
+	require.NoError(t, err)
+	return serviceURL
+}
+
 // Acceptance: with synchronous_commit = off on the service's login (a common
 // tuning), the sessions serve opens still commit synchronously: an ack never
 // runs ahead of a durable commit.
 func TestServiceSessionsCommitSynchronouslyWhateverTheRoleSays(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	serviceURL := loginAs(t, b.db, "inbox_service")
-	u, err := url.Parse(serviceURL)
-	require.NoError(t, err)
-	_, err = b.db.Pool.Exec(t.Context(), "ALTER ROLE "+u.User.Username()+" SET synchronous_commit = off")
-	require.NoError(t, err)
+	serviceURL := asyncServiceLogin(t, b.db)
 
 	plain, err := pgx.Connect(t.Context(), serviceURL)
 	require.NoError(t, err)

@@ -66,14 +66,9 @@ func (w *Worker) work(ctx context.Context, c claims) error {
 		return fmt.Errorf("begin work transaction: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	if err := w.workIn(ctx, tx, c); err != nil {
-		w.keepIfLost(ctx, tx, c, err)
-		return err
-	}
-	// The claims of rows another session held, at once. Those it cannot
-	// give back now are kept, and the next claim tries again (and reports).
-	_ = w.giveBack(ctx)
-	return nil
+	err = w.workIn(ctx, tx, c)
+	w.keepIfLost(ctx, tx, c, err)
+	return err
 }
 
 // workIn is work's transaction, tx.
