@@ -7,16 +7,58 @@
 -- handle each order's messages in id order. An empty traceparent or
 -- tracestate is stored as NULL (no trace context); when the arrays are left
 -- out, every row has none.
+--
+-- Each delivery with a reply_to, new or duplicate, is stored as a reply
+-- request in the same statement (a trigger answers it at once when its
+-- message was handled already), except a redelivery (the broker's, after a
+-- lost ack) of a request stored before: same message, reply_to and
+-- correlation_id. An empty correlation_id is stored as NULL.
+WITH m AS (
+    SELECT *
+    FROM ROWS FROM (unnest(@message_ids::text[]), unnest(@message_types::text[]), unnest(@routing_keys::text[]),
+                   unnest(@payloads::bytea[]), unnest(@order_keys::text[]),
+                   unnest(@traceparents::text[]), unnest(@tracestates::text[]),
+                   unnest(@reply_tos::text[]), unnest(@correlation_ids::text[]), unnest(@redelivered::boolean[]))
+         WITH ORDINALITY AS m (message_id, message_type, routing_key, payload, order_key, traceparent, tracestate,
+                               reply_to, correlation_id, redelivered, n)
+), requests AS (
+    INSERT INTO inbox_reply_requests (message_id, reply_to, correlation_id)
+    SELECT m.message_id, m.reply_to, nullif(m.correlation_id, '')
+    FROM m
+    WHERE coalesce(m.reply_to, '') <> ''
+      AND NOT (coalesce(m.redelivered, false) AND EXISTS (
+          SELECT 1 FROM inbox_reply_requests r
+          WHERE r.message_id = m.message_id
+            AND r.reply_to = m.reply_to
+            AND r.correlation_id IS NOT DISTINCT FROM nullif(m.correlation_id, '')
+      ))
+    ORDER BY m.n
+)
 INSERT INTO inbox (message_id, message_type, routing_key, payload, order_key, traceparent, tracestate)
 SELECT m.message_id, m.message_type, m.routing_key, m.payload, nullif(m.order_key, ''),
        nullif(m.traceparent, ''), nullif(m.tracestate, '')
-FROM ROWS FROM (unnest(@message_ids::text[]), unnest(@message_types::text[]), unnest(@routing_keys::text[]),
-               unnest(@payloads::bytea[]), unnest(@order_keys::text[]),
-               unnest(@traceparents::text[]), unnest(@tracestates::text[]))
-     WITH ORDINALITY AS m (message_id, message_type, routing_key, payload, order_key, traceparent, tracestate, n)
+FROM m
 ORDER BY m.n
 ON CONFLICT (message_id) DO NOTHING
 RETURNING message_id;
+
+-- name: InboxReplyAnswerLeft :one
+-- InboxReplyAnswerLeft answers up to max_rows requests whose message was
+-- handled but that were never answered: a request stored while its message
+-- was being handled is seen neither by the handler's transaction nor by
+-- the statement that stored it, whichever commits last. Rows another
+-- session holds are skipped: it is answering them. It returns how many
+-- replies it queued.
+SELECT inbox_reply_answer(array(
+    SELECT r.id
+    FROM inbox_reply_requests r
+    JOIN inbox i ON i.message_id = r.message_id
+    WHERE r.answered_run IS NULL
+      AND i.status IN ('processed', 'dead')
+    ORDER BY r.id
+    LIMIT sqlc.arg(max_rows)
+    FOR UPDATE OF r SKIP LOCKED
+))::integer AS queued;
 
 -- name: InboxClaimBatch :many
 -- InboxClaimBatch claims up to max_rows due pending messages that no worker
@@ -199,7 +241,8 @@ WITH u AS (
            unnest(@statuses::text[])          AS status,
            unnest(@results::text[])           AS result,
            unnest(@last_errors::text[])       AS last_error,
-           unnest(@retry_delays_ms::bigint[]) AS retry_delay_ms
+           unnest(@retry_delays_ms::bigint[]) AS retry_delay_ms,
+           unnest(@replies::text[])           AS reply
 ), done AS (
     UPDATE inbox
     SET status           = CASE u.status WHEN 'waiting' THEN 'pending' ELSE u.status END,
@@ -212,6 +255,9 @@ WITH u AS (
         replay_requested = u.status = 'waiting' AND inbox.replay_requested,
         result          = nullif(u.result, ''),
         last_error      = nullif(u.last_error, ''),
+        -- The handler's reply, kept for the requests still to come (see
+        -- inbox_reply_requests); a trigger answers those already here.
+        reply           = nullif(u.reply, '')::jsonb,
         -- When the outcome was recorded, after the handler ran (now() would
         -- be the start of the transaction).
         processed_at    = CASE WHEN u.status IN ('pending', 'waiting') THEN NULL ELSE statement_timestamp() END,

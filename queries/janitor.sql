@@ -20,9 +20,11 @@ WITH gone AS (
         LIMIT sqlc.arg(max_rows)
         FOR UPDATE SKIP LOCKED
     )
-    RETURNING id
+    RETURNING id, message_id
 ), history AS (
     DELETE FROM inbox_attempts WHERE inbox_id IN (SELECT id FROM gone)
+), requests AS (
+    DELETE FROM inbox_reply_requests WHERE message_id IN (SELECT message_id FROM gone)
 )
 SELECT count(*) FROM gone;
 
@@ -47,9 +49,11 @@ WITH gone AS (
         LIMIT sqlc.arg(max_rows)
         FOR UPDATE SKIP LOCKED
     )
-    RETURNING id
+    RETURNING id, message_id
 ), history AS (
     DELETE FROM inbox_attempts WHERE inbox_id IN (SELECT id FROM gone)
+), requests AS (
+    DELETE FROM inbox_reply_requests WHERE message_id IN (SELECT message_id FROM gone)
 )
 SELECT count(*) FROM gone;
 
@@ -61,6 +65,21 @@ WHERE id IN (
     SELECT id FROM outbox
     WHERE published_at < now() - make_interval(secs => sqlc.arg(older_than_seconds)::float8)
     ORDER BY published_at
+    LIMIT sqlc.arg(max_rows)
+    FOR UPDATE SKIP LOCKED
+);
+
+-- name: JanitorDeleteUndeliverable :execrows
+-- JanitorDeleteUndeliverable deletes up to max_rows replies that ended
+-- undeliverable (their requester was gone) more than older_than_seconds
+-- ago. They are never published, so JanitorDeletePublished leaves them.
+DELETE FROM outbox
+WHERE id IN (
+    SELECT id FROM outbox
+    WHERE published_at IS NULL
+      AND reply_to IS NOT NULL
+      AND dead_at < now() - make_interval(secs => sqlc.arg(older_than_seconds)::float8)
+    ORDER BY id
     LIMIT sqlc.arg(max_rows)
     FOR UPDATE SKIP LOCKED
 );

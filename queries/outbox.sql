@@ -76,7 +76,8 @@ WHERE outbox.id = c.id
   ))
 RETURNING outbox.id, outbox.idempotency_key, outbox.routing_key, outbox.payload::text AS payload, outbox.created_at, outbox.attempts,
           coalesce(outbox.traceparent, '') AS traceparent, coalesce(outbox.tracestate, '') AS tracestate,
-          coalesce(outbox.order_key, '') AS order_key;
+          coalesce(outbox.order_key, '') AS order_key,
+          coalesce(outbox.reply_to, '') AS reply_to, coalesce(outbox.correlation_id, '') AS correlation_id;
 
 -- name: OutboxRelease :exec
 -- OutboxRelease gives rows of the claiming transaction back after a failed

@@ -26,7 +26,9 @@ FROM inbox_overview;
 SELECT unpublished,
        failing,
        coalesce(extract(epoch FROM oldest_age), 0)::float8 AS oldest_seconds,
-       dead
+       dead,
+       replies_unpublished,
+       replies_undeliverable
 FROM outbox_backlog;
 
 -- name: StatusPageThroughput :many

@@ -74,11 +74,11 @@ func (b *e2eBundle) subscribeDownstream(t *testing.T) {
 func (b *e2eBundle) requireEventsOnce(t *testing.T) {
 	t.Helper()
 	require.Eventually(t, func() bool {
-		return b.count(t, "SELECT count(*) FROM outbox WHERE published_at IS NULL") == 0
-	}, 60*time.Second, 20*time.Millisecond, "the relay published every outbox row")
+		return b.count(t, "SELECT count(*) FROM outbox WHERE published_at IS NULL AND reply_to IS NULL") == 0
+	}, 60*time.Second, 20*time.Millisecond, "the relay published every event")
 	require.Zero(t, b.count(t, `
 		SELECT count(*) FROM (
-			SELECT payload->>'orderId', routing_key FROM outbox GROUP BY 1, 2 HAVING count(*) > 1
+			SELECT payload->>'orderId', routing_key FROM outbox WHERE reply_to IS NULL GROUP BY 1, 2 HAVING count(*) > 1
 		) AS doubled`), "an effect under two keys")
 	require.Zero(t, b.count(t, `
 		SELECT count(*) FROM order_confirmations c
@@ -89,7 +89,7 @@ func (b *e2eBundle) requireEventsOnce(t *testing.T) {
 		) AS o USING (order_id)
 		WHERE c.status = 'confirmed' AND coalesce(o.events, 0) <> 2`), "a confirmed order without its events")
 
-	rows, err := b.db.Pool.Query(t.Context(), "SELECT idempotency_key FROM outbox")
+	rows, err := b.db.Pool.Query(t.Context(), "SELECT idempotency_key FROM outbox WHERE reply_to IS NULL")
 	require.NoError(t, err)
 	keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	require.NoError(t, err)

@@ -206,7 +206,8 @@ WITH u AS (
            unnest($4::text[])          AS status,
            unnest($5::text[])           AS result,
            unnest($6::text[])       AS last_error,
-           unnest($7::bigint[]) AS retry_delay_ms
+           unnest($7::bigint[]) AS retry_delay_ms,
+           unnest($8::text[])           AS reply
 ), done AS (
     UPDATE inbox
     SET status           = CASE u.status WHEN 'waiting' THEN 'pending' ELSE u.status END,
@@ -219,6 +220,9 @@ WITH u AS (
         replay_requested = u.status = 'waiting' AND inbox.replay_requested,
         result          = nullif(u.result, ''),
         last_error      = nullif(u.last_error, ''),
+        -- The handler's reply, kept for the requests still to come (see
+        -- inbox_reply_requests); a trigger answers those already here.
+        reply           = nullif(u.reply, '')::jsonb,
         -- When the outcome was recorded, after the handler ran (now() would
         -- be the start of the transaction).
         processed_at    = CASE WHEN u.status IN ('pending', 'waiting') THEN NULL ELSE statement_timestamp() END,
@@ -251,6 +255,7 @@ type InboxCompleteManyParams struct {
 	Results       []string
 	LastErrors    []string
 	RetryDelaysMs []int64
+	Replies       []string
 }
 
 // InboxCompleteMany records the outcome of one handling attempt for each
@@ -275,6 +280,7 @@ func (q *Queries) InboxCompleteMany(ctx context.Context, db DBTX, arg InboxCompl
 		arg.Results,
 		arg.LastErrors,
 		arg.RetryDelaysMs,
+		arg.Replies,
 	)
 	return err
 }
@@ -388,26 +394,47 @@ func (q *Queries) InboxHoldLiveness(ctx context.Context, db DBTX, session int64)
 }
 
 const inboxInsertMany = `-- name: InboxInsertMany :many
+WITH m AS (
+    SELECT message_id, message_type, routing_key, payload, order_key, traceparent, tracestate, reply_to, correlation_id, redelivered, n
+    FROM ROWS FROM (unnest($1::text[]), unnest($2::text[]), unnest($3::text[]),
+                   unnest($4::bytea[]), unnest($5::text[]),
+                   unnest($6::text[]), unnest($7::text[]),
+                   unnest($8::text[]), unnest($9::text[]), unnest($10::boolean[]))
+         WITH ORDINALITY AS m (message_id, message_type, routing_key, payload, order_key, traceparent, tracestate,
+                               reply_to, correlation_id, redelivered, n)
+), requests AS (
+    INSERT INTO inbox_reply_requests (message_id, reply_to, correlation_id)
+    SELECT m.message_id, m.reply_to, nullif(m.correlation_id, '')
+    FROM m
+    WHERE coalesce(m.reply_to, '') <> ''
+      AND NOT (coalesce(m.redelivered, false) AND EXISTS (
+          SELECT 1 FROM inbox_reply_requests r
+          WHERE r.message_id = m.message_id
+            AND r.reply_to = m.reply_to
+            AND r.correlation_id IS NOT DISTINCT FROM nullif(m.correlation_id, '')
+      ))
+    ORDER BY m.n
+)
 INSERT INTO inbox (message_id, message_type, routing_key, payload, order_key, traceparent, tracestate)
 SELECT m.message_id, m.message_type, m.routing_key, m.payload, nullif(m.order_key, ''),
        nullif(m.traceparent, ''), nullif(m.tracestate, '')
-FROM ROWS FROM (unnest($1::text[]), unnest($2::text[]), unnest($3::text[]),
-               unnest($4::bytea[]), unnest($5::text[]),
-               unnest($6::text[]), unnest($7::text[]))
-     WITH ORDINALITY AS m (message_id, message_type, routing_key, payload, order_key, traceparent, tracestate, n)
+FROM m
 ORDER BY m.n
 ON CONFLICT (message_id) DO NOTHING
 RETURNING message_id
 `
 
 type InboxInsertManyParams struct {
-	MessageIds   []string
-	MessageTypes []string
-	RoutingKeys  []string
-	Payloads     [][]byte
-	OrderKeys    []string
-	Traceparents []string
-	Tracestates  []string
+	MessageIds     []string
+	MessageTypes   []string
+	RoutingKeys    []string
+	Payloads       [][]byte
+	OrderKeys      []string
+	Traceparents   []string
+	Tracestates    []string
+	ReplyTos       []string
+	CorrelationIds []string
+	Redelivered    []bool
 }
 
 // InboxInsertMany stores a batch of messages in arrival order, skipping every
@@ -418,6 +445,12 @@ type InboxInsertManyParams struct {
 // handle each order's messages in id order. An empty traceparent or
 // tracestate is stored as NULL (no trace context); when the arrays are left
 // out, every row has none.
+//
+// Each delivery with a reply_to, new or duplicate, is stored as a reply
+// request in the same statement (a trigger answers it at once when its
+// message was handled already), except a redelivery (the broker's, after a
+// lost ack) of a request stored before: same message, reply_to and
+// correlation_id. An empty correlation_id is stored as NULL.
 func (q *Queries) InboxInsertMany(ctx context.Context, db DBTX, arg InboxInsertManyParams) ([]string, error) {
 	rows, err := db.Query(ctx, inboxInsertMany,
 		arg.MessageIds,
@@ -427,6 +460,9 @@ func (q *Queries) InboxInsertMany(ctx context.Context, db DBTX, arg InboxInsertM
 		arg.OrderKeys,
 		arg.Traceparents,
 		arg.Tracestates,
+		arg.ReplyTos,
+		arg.CorrelationIds,
+		arg.Redelivered,
 	)
 	if err != nil {
 		return nil, err
@@ -590,4 +626,30 @@ func (q *Queries) InboxRecordConflicts(ctx context.Context, db DBTX, arg InboxRe
 		return nil, err
 	}
 	return items, nil
+}
+
+const inboxReplyAnswerLeft = `-- name: InboxReplyAnswerLeft :one
+SELECT inbox_reply_answer(array(
+    SELECT r.id
+    FROM inbox_reply_requests r
+    JOIN inbox i ON i.message_id = r.message_id
+    WHERE r.answered_run IS NULL
+      AND i.status IN ('processed', 'dead')
+    ORDER BY r.id
+    LIMIT $1
+    FOR UPDATE OF r SKIP LOCKED
+))::integer AS queued
+`
+
+// InboxReplyAnswerLeft answers up to max_rows requests whose message was
+// handled but that were never answered: a request stored while its message
+// was being handled is seen neither by the handler's transaction nor by
+// the statement that stored it, whichever commits last. Rows another
+// session holds are skipped: it is answering them. It returns how many
+// replies it queued.
+func (q *Queries) InboxReplyAnswerLeft(ctx context.Context, db DBTX, maxRows int32) (int32, error) {
+	row := db.QueryRow(ctx, inboxReplyAnswerLeft, maxRows)
+	var queued int32
+	err := row.Scan(&queued)
+	return queued, err
 }

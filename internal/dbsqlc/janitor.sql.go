@@ -51,9 +51,11 @@ WITH gone AS (
         LIMIT $2
         FOR UPDATE SKIP LOCKED
     )
-    RETURNING id
+    RETURNING id, message_id
 ), history AS (
     DELETE FROM inbox_attempts WHERE inbox_id IN (SELECT id FROM gone)
+), requests AS (
+    DELETE FROM inbox_reply_requests WHERE message_id IN (SELECT message_id FROM gone)
 )
 SELECT count(*) FROM gone
 `
@@ -88,9 +90,11 @@ WITH gone AS (
         LIMIT $2
         FOR UPDATE SKIP LOCKED
     )
-    RETURNING id
+    RETURNING id, message_id
 ), history AS (
     DELETE FROM inbox_attempts WHERE inbox_id IN (SELECT id FROM gone)
+), requests AS (
+    DELETE FROM inbox_reply_requests WHERE message_id IN (SELECT message_id FROM gone)
 )
 SELECT count(*) FROM gone
 `
@@ -136,6 +140,35 @@ type JanitorDeletePublishedParams struct {
 // than older_than_seconds ago.
 func (q *Queries) JanitorDeletePublished(ctx context.Context, db DBTX, arg JanitorDeletePublishedParams) (int64, error) {
 	result, err := db.Exec(ctx, janitorDeletePublished, arg.OlderThanSeconds, arg.MaxRows)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const janitorDeleteUndeliverable = `-- name: JanitorDeleteUndeliverable :execrows
+DELETE FROM outbox
+WHERE id IN (
+    SELECT id FROM outbox
+    WHERE published_at IS NULL
+      AND reply_to IS NOT NULL
+      AND dead_at < now() - make_interval(secs => $1::float8)
+    ORDER BY id
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+`
+
+type JanitorDeleteUndeliverableParams struct {
+	OlderThanSeconds float64
+	MaxRows          int32
+}
+
+// JanitorDeleteUndeliverable deletes up to max_rows replies that ended
+// undeliverable (their requester was gone) more than older_than_seconds
+// ago. They are never published, so JanitorDeletePublished leaves them.
+func (q *Queries) JanitorDeleteUndeliverable(ctx context.Context, db DBTX, arg JanitorDeleteUndeliverableParams) (int64, error) {
+	result, err := db.Exec(ctx, janitorDeleteUndeliverable, arg.OlderThanSeconds, arg.MaxRows)
 	if err != nil {
 		return 0, err
 	}

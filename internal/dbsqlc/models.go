@@ -35,6 +35,7 @@ type Inbox struct {
 	Traceparent     pgtype.Text
 	Tracestate      pgtype.Text
 	ClaimedSession  pgtype.Int8
+	Reply           []byte
 }
 
 type InboxAttempt struct {
@@ -135,6 +136,32 @@ type InboxOverview struct {
 	LastProcessedAt            interface{}
 }
 
+type InboxReply struct {
+	ID            int64
+	MessageID     string
+	ReplyTo       string
+	CorrelationID pgtype.Text
+	ReceivedAt    time.Time
+	AnsweredRun   pgtype.Int4
+	AnsweredAt    *time.Time
+	MessageStatus pgtype.Text
+	ReplyID       pgtype.Text
+	State         string
+	PublishedAt   *time.Time
+	DeadAt        *time.Time
+	LastError     pgtype.Text
+}
+
+type InboxReplyRequest struct {
+	ID            int64
+	MessageID     string
+	ReplyTo       string
+	CorrelationID pgtype.Text
+	ReceivedAt    time.Time
+	AnsweredRun   pgtype.Int4
+	AnsweredAt    *time.Time
+}
+
 type InboxThroughput struct {
 	Minute    pgtype.Interval
 	Processed int64
@@ -176,14 +203,18 @@ type Outbox struct {
 	ReplayedAt      *time.Time
 	ReplayedBy      pgtype.Text
 	ReplayReason    pgtype.Text
+	ReplyTo         pgtype.Text
+	CorrelationID   pgtype.Text
 }
 
 type OutboxBacklog struct {
-	Unpublished     int64
-	Failing         int64
-	OldestCreatedAt interface{}
-	OldestAge       int32
-	Dead            int64
+	Unpublished          int64
+	Failing              int64
+	OldestCreatedAt      interface{}
+	OldestAge            int32
+	Dead                 int64
+	RepliesUnpublished   int64
+	RepliesUndeliverable int64
 }
 
 type OutboxDead struct {

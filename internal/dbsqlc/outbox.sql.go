@@ -47,7 +47,8 @@ WHERE outbox.id = c.id
   ))
 RETURNING outbox.id, outbox.idempotency_key, outbox.routing_key, outbox.payload::text AS payload, outbox.created_at, outbox.attempts,
           coalesce(outbox.traceparent, '') AS traceparent, coalesce(outbox.tracestate, '') AS tracestate,
-          coalesce(outbox.order_key, '') AS order_key
+          coalesce(outbox.order_key, '') AS order_key,
+          coalesce(outbox.reply_to, '') AS reply_to, coalesce(outbox.correlation_id, '') AS correlation_id
 `
 
 type OutboxClaimBatchParams struct {
@@ -65,6 +66,8 @@ type OutboxClaimBatchRow struct {
 	Traceparent    string
 	Tracestate     string
 	OrderKey       string
+	ReplyTo        string
+	CorrelationID  string
 }
 
 // OutboxClaimBatch takes up to max_rows unpublished rows that are due,
@@ -111,6 +114,8 @@ func (q *Queries) OutboxClaimBatch(ctx context.Context, db DBTX, arg OutboxClaim
 			&i.Traceparent,
 			&i.Tracestate,
 			&i.OrderKey,
+			&i.ReplyTo,
+			&i.CorrelationID,
 		); err != nil {
 			return nil, err
 		}

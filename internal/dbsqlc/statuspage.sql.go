@@ -462,15 +462,19 @@ const statusPageOutboxBacklog = `-- name: StatusPageOutboxBacklog :one
 SELECT unpublished,
        failing,
        coalesce(extract(epoch FROM oldest_age), 0)::float8 AS oldest_seconds,
-       dead
+       dead,
+       replies_unpublished,
+       replies_undeliverable
 FROM outbox_backlog
 `
 
 type StatusPageOutboxBacklogRow struct {
-	Unpublished   int64
-	Failing       int64
-	OldestSeconds float64
-	Dead          int64
+	Unpublished          int64
+	Failing              int64
+	OldestSeconds        float64
+	Dead                 int64
+	RepliesUnpublished   int64
+	RepliesUndeliverable int64
 }
 
 // StatusPageOutboxBacklog reads outbox_backlog, its oldest age in seconds.
@@ -482,6 +486,8 @@ func (q *Queries) StatusPageOutboxBacklog(ctx context.Context, db DBTX) (StatusP
 		&i.Failing,
 		&i.OldestSeconds,
 		&i.Dead,
+		&i.RepliesUnpublished,
+		&i.RepliesUndeliverable,
 	)
 	return i, err
 }

@@ -67,6 +67,13 @@ type Outcome struct {
 	// when errors.Is(Err, ErrPermanent), or when it has used up its attempts.
 	// A failed message must have left no database effects in the transaction.
 	Err error
+	// Reply, when set on a processed message, is a JSON object: what a
+	// requester that asked for the message's result (AMQP reply_to) is
+	// told, e.g. {"outcome":"confirmed"}. The inbox adds messageId,
+	// orderId, status and run to it. A message that is not processed, or
+	// whose Reply is not a JSON object, replies with its status and result
+	// (or error) alone.
+	Reply []byte
 }
 
 // Handler handles claimed messages inside the worker's transaction, so that

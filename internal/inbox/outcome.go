@@ -1,7 +1,9 @@
 package inbox
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -35,11 +37,11 @@ const outcomeWaiting = "waiting"
 
 // decision is what becomes of a handled message: the status recorded
 // (StatusProcessed, StatusDead, StatusPending for a retry, or
-// outcomeWaiting), its result or error text, and the delay before a retry
-// or after a wait.
+// outcomeWaiting), its result or error text, its reply (a JSON object, or
+// empty), and the delay before a retry or after a wait.
 type decision struct {
-	status, result, lastError string
-	delay                     time.Duration
+	status, result, lastError, reply string
+	delay                            time.Duration
 }
 
 // decide turns a claimed message's outcome into its decision under cfg's
@@ -56,7 +58,7 @@ func decide(cfg *WorkerConfig, c *claimed) decision {
 			"gave up after %d attempts: the last ones never finished (the process died, or lost its database connection, while handling the message)",
 			m.Attempt-1)}
 	case out.Err == nil:
-		return decision{status: StatusProcessed, result: storable(out.Result)}
+		return decision{status: StatusProcessed, result: storable(out.Result), reply: replyObject(out.Reply)}
 	case errors.As(out.Err, &wait):
 		return decision{status: outcomeWaiting, lastError: storable("waiting: " + out.Err.Error()), delay: wait.after}
 	case IsLockNotAvailable(out.Err):
@@ -101,6 +103,17 @@ func isDatabaseTrouble(err error) bool {
 	return strings.HasPrefix(pgErr.Code, "08")
 }
 
+// replyObject returns reply as text when it is a JSON object of at most
+// 4 KiB that PostgreSQL's jsonb takes, and "" otherwise, so that no reply
+// can fail the statement that records a whole batch.
+func replyObject(reply []byte) string {
+	r := bytes.TrimSpace(reply)
+	if len(r) == 0 || len(r) > 4096 || r[0] != '{' || !json.Valid(r) || bytes.Contains(r, []byte(`\u0000`)) {
+		return ""
+	}
+	return string(r)
+}
+
 // storable makes a handler's result or error text safe for a text column
 // (valid UTF-8, no NUL), so that no message text can fail the statement that
 // records a whole batch, and bounds its length.
@@ -123,11 +136,12 @@ func (w *Worker) complete(ctx context.Context, tx pgx.Tx, batch []claimed) error
 		Results:       make([]string, len(batch)),
 		LastErrors:    make([]string, len(batch)),
 		RetryDelaysMs: make([]int64, len(batch)),
+		Replies:       make([]string, len(batch)),
 	}
 	for i, c := range batch {
 		d := c.decision
 		p.Ids[i], p.Statuses[i], p.Results[i], p.LastErrors[i] = c.msg.ID, d.status, d.result, d.lastError
-		p.RetryDelaysMs[i] = d.delay.Milliseconds()
+		p.RetryDelaysMs[i], p.Replies[i] = d.delay.Milliseconds(), d.reply
 		w.logDecision(ctx, c)
 	}
 	if err := w.queries.InboxCompleteMany(ctx, tx, p); err != nil {

@@ -91,6 +91,7 @@ func (w *Worker) Start(ctx context.Context) error {
 			wg.Go(func() { w.loop(fetchCtx, workCtx, i) })
 		}
 		wg.Go(func() { w.takeover.loop(fetchCtx, workCtx) })
+		wg.Go(func() { w.answerLoop(fetchCtx, w.cfg.PollInterval) })
 		wg.Wait()
 	})
 }
@@ -153,7 +154,10 @@ func (w *Worker) RunOnce(ctx context.Context) (int, error) {
 	if err != nil || n > 0 {
 		return n, err
 	}
-	n, _, err = w.takeover.run(ctx)
+	if n, _, err = w.takeover.run(ctx); err != nil {
+		return n, err
+	}
+	_, err = w.answerLeft(ctx)
 	return n, err
 }
 

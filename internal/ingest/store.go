@@ -50,6 +50,11 @@ func (s *store) untilDone(ctx context.Context, rows []row, abandoned func() bool
 			slog.Int("rows", len(rows))) {
 			return stored{}, fmt.Errorf("store batch: %w", err)
 		}
+		// The failed store may have committed (its outcome is unknown):
+		// its reply requests are not stored twice.
+		for n := range rows {
+			rows[n].redelivered = true
+		}
 	}
 }
 
@@ -109,18 +114,22 @@ func (s *store) insert(ctx context.Context, rows []row) (stored, error) {
 
 func insertParams(rows []row) dbsqlc.InboxInsertManyParams {
 	p := dbsqlc.InboxInsertManyParams{
-		MessageIds:   make([]string, len(rows)),
-		MessageTypes: make([]string, len(rows)),
-		RoutingKeys:  make([]string, len(rows)),
-		Payloads:     make([][]byte, len(rows)),
-		OrderKeys:    make([]string, len(rows)),
-		Traceparents: make([]string, len(rows)),
-		Tracestates:  make([]string, len(rows)),
+		MessageIds:     make([]string, len(rows)),
+		MessageTypes:   make([]string, len(rows)),
+		RoutingKeys:    make([]string, len(rows)),
+		Payloads:       make([][]byte, len(rows)),
+		OrderKeys:      make([]string, len(rows)),
+		Traceparents:   make([]string, len(rows)),
+		Tracestates:    make([]string, len(rows)),
+		ReplyTos:       make([]string, len(rows)),
+		CorrelationIds: make([]string, len(rows)),
+		Redelivered:    make([]bool, len(rows)),
 	}
 	for n, r := range rows {
 		p.MessageIds[n], p.MessageTypes[n], p.RoutingKeys[n], p.Payloads[n] = r.messageID, r.messageType, r.routingKey, r.payload
 		p.OrderKeys[n] = r.orderKey
 		p.Traceparents[n], p.Tracestates[n] = r.trace.Traceparent, r.trace.Tracestate
+		p.ReplyTos[n], p.CorrelationIds[n], p.Redelivered[n] = r.replyTo, r.correlationID, r.redelivered
 	}
 	return p
 }

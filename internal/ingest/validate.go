@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"log/slog"
 	"strings"
 
 	amqp "github.com/rabbitmq/amqp091-go"
@@ -21,6 +22,13 @@ type row struct {
 	// trace is the delivery's W3C trace context (zero when it had none, or
 	// a malformed one).
 	trace tracing.Text
+	// replyTo and correlationID are the delivery's request for a reply
+	// (empty replyTo: none); see replyRequest.
+	replyTo, correlationID string
+	// redelivered is set when the request may have been stored already:
+	// the broker redelivers the delivery, or a store whose outcome is
+	// unknown is tried again.
+	redelivered bool
 }
 
 // validate splits deliveries into the rows to store, in delivery order, and
@@ -68,13 +76,32 @@ func (i *Ingest) classify(d amqp.Delivery) (row, string) {
 		routingKey:  strings.ToValidUTF8(strings.ReplaceAll(d.RoutingKey, "\x00", ""), "?"),
 		payload:     d.Body,
 		trace:       tracing.FromHeaders(d.Headers),
+		redelivered: d.Redelivered,
 	}
+	r.replyTo, r.correlationID = i.replyRequest(d, id)
 	if i.cfg.OrderingKey != nil {
 		if key := i.cfg.OrderingKey(msgType, d.Body); msgid.Check(key) == nil {
 			r.orderKey = key
 		}
 	}
 	return r, ""
+}
+
+// replyRequest returns the delivery's reply_to and correlation_id when it
+// asks for a reply. PostgreSQL's text cannot hold one that is not valid
+// UTF-8 or holds a NUL byte, and a reply to a changed address or id would
+// reach nobody: such a request is logged and not kept, and the message is
+// stored and handled as usual.
+func (i *Ingest) replyRequest(d amqp.Delivery, id string) (replyTo, correlationID string) {
+	if d.ReplyTo == "" {
+		return "", ""
+	}
+	if msgid.Check(d.ReplyTo) != nil || (d.CorrelationId != "" && msgid.Check(d.CorrelationId) != nil) {
+		i.logger.Warn("reply_to or correlation_id is not valid UTF-8 text: the message is stored, no reply will be sent",
+			slog.String("message_id", id))
+		return "", ""
+	}
+	return d.ReplyTo, d.CorrelationId
 }
 
 // derivedMessageID is the id of a delivery without one, when

@@ -1,6 +1,7 @@
 // Package janitor deletes what the service no longer needs: processed
-// messages (and their attempt history) past the retention window, dead ones
-// past a longer one, published outbox rows and old conflict records.
+// messages (and their attempt history and reply requests) past the retention
+// window, dead ones past a longer one, published outbox rows, undeliverable
+// replies and old conflict records.
 //
 // It deletes in small batches, each its own short transaction that takes
 // only rows nobody has locked (SKIP LOCKED), so cleanup never holds up
@@ -30,6 +31,9 @@ const (
 	RowsDead      = "dead"
 	RowsPublished = "published"
 	RowsConflicts = "conflicts"
+	// RowsUndeliverable are replies that ended undeliverable (their
+	// requester was gone), deleted after the dead retention.
+	RowsUndeliverable = "undeliverable"
 )
 
 // Defaults of Config, and of the retentions inboxd passes.
@@ -172,6 +176,9 @@ func (j *Janitor) RunOnce(ctx context.Context) (Result, error) {
 		{RowsConflicts, func(ctx context.Context) (int64, error) {
 			return j.queries.JanitorDeleteConflicts(ctx, j.pool, dbsqlc.JanitorDeleteConflictsParams{OlderThanSeconds: retention, MaxRows: limit})
 		}},
+		{RowsUndeliverable, func(ctx context.Context) (int64, error) {
+			return j.queries.JanitorDeleteUndeliverable(ctx, j.pool, dbsqlc.JanitorDeleteUndeliverableParams{OlderThanSeconds: dead, MaxRows: limit})
+		}},
 	}
 	res := Result{}
 	started := time.Now()
@@ -201,10 +208,11 @@ func (j *Janitor) RunOnce(ctx context.Context) (Result, error) {
 	if ctx.Err() != nil {
 		return res, ctx.Err()
 	}
-	if res[RowsProcessed]+res[RowsDead]+res[RowsPublished]+res[RowsConflicts] > 0 {
+	if res[RowsProcessed]+res[RowsDead]+res[RowsPublished]+res[RowsConflicts]+res[RowsUndeliverable] > 0 {
 		j.logger.Info("cleanup done",
 			slog.Int64("processed", res[RowsProcessed]), slog.Int64("dead", res[RowsDead]),
 			slog.Int64("published", res[RowsPublished]), slog.Int64("conflicts", res[RowsConflicts]),
+			slog.Int64("undeliverable", res[RowsUndeliverable]),
 			slog.Duration("took", time.Since(started)))
 	}
 	return res, nil

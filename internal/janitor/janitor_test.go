@@ -97,7 +97,7 @@ func TestJanitorDeletesOnlyWhatIsPastItsRetention(t *testing.T) {
 	})
 	res, err := j.RunOnce(t.Context())
 	require.NoError(t, err)
-	require.Equal(t, janitor.Result{janitor.RowsProcessed: 1, janitor.RowsDead: 1, janitor.RowsPublished: 1, janitor.RowsConflicts: 1}, res)
+	require.Equal(t, janitor.Result{janitor.RowsProcessed: 1, janitor.RowsDead: 1, janitor.RowsPublished: 1, janitor.RowsConflicts: 1, janitor.RowsUndeliverable: 0}, res)
 	require.Equal(t, map[string]int{janitor.RowsProcessed: 1, janitor.RowsDead: 1, janitor.RowsPublished: 1, janitor.RowsConflicts: 1}, observed)
 
 	require.Equal(t, []string{"dead-blocking", "dead-past-retention", "held", "pending-old", "processed-young"},
@@ -110,7 +110,7 @@ func TestJanitorDeletesOnlyWhatIsPastItsRetention(t *testing.T) {
 
 	res, err = j.RunOnce(t.Context())
 	require.NoError(t, err)
-	require.Equal(t, janitor.Result{janitor.RowsProcessed: 0, janitor.RowsDead: 0, janitor.RowsPublished: 0, janitor.RowsConflicts: 0}, res)
+	require.Equal(t, janitor.Result{janitor.RowsProcessed: 0, janitor.RowsDead: 0, janitor.RowsPublished: 0, janitor.RowsConflicts: 0, janitor.RowsUndeliverable: 0}, res)
 }
 
 func TestJanitorConfig(t *testing.T) {

@@ -162,13 +162,16 @@ func (h *Handler) apply(ctx context.Context, tx pgx.Tx, ready []message, locked 
 }
 
 // record returns the outcome of each message of msgs from what handling it
-// came to, done, and writes the effects to the outbox in the order of done.
-// A replayed message's result says so.
+// came to, done, with its reply, and writes the effects to the outbox in the
+// order of done. A replayed message's result says so.
 func record(ctx context.Context, tx pgx.Tx, msgs []inbox.Message, done []handled) ([]inbox.Outcome, error) {
 	outcomes := make([]inbox.Outcome, len(msgs))
 	var events outboxRows
 	events.traceOf(msgs)
 	for _, d := range done {
+		if d.outcome.Err == nil && d.outcome.Reply == nil {
+			d.outcome.Reply = replyOf(d.outcome.Result, "")
+		}
 		outcomes[d.index] = d.outcome
 		for _, e := range d.effects {
 			events.add(e)
@@ -450,7 +453,8 @@ func (h *Handler) insertOrders(ctx context.Context, tx pgx.Tx, run []message) (m
 // reason, or confirmed when reason is "".
 func decided(m message, reason string) handled {
 	if reason != "" {
-		return handled{index: m.index, outcome: inbox.Outcome{Result: ResultRejected}, effects: []effect{rejectedEffect(m, reason)}}
+		return handled{index: m.index, outcome: inbox.Outcome{Result: ResultRejected, Reply: replyOf(ResultRejected, reason)},
+			effects: []effect{rejectedEffect(m, reason)}}
 	}
 	return handled{index: m.index, outcome: inbox.Outcome{Result: ResultConfirmed}, effects: confirmedEffects(m)}
 }

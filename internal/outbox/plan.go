@@ -39,8 +39,11 @@ func (c *claimedRow) refusal() string {
 	if err := msgid.Check(c.IdempotencyKey); err != nil {
 		return fmt.Sprintf("refused: the event id cannot be sent as an AMQP message_id: %v", err)
 	}
-	if len(c.RoutingKey) > msgid.MaxBytes {
+	if len(c.RoutingKey) > msgid.MaxBytes || len(c.ReplyTo) > msgid.MaxBytes {
 		return fmt.Sprintf("refused: the routing key is longer than %d bytes", msgid.MaxBytes)
+	}
+	if len(c.CorrelationID) > msgid.MaxBytes {
+		return fmt.Sprintf("refused: the correlation id is longer than %d bytes", msgid.MaxBytes)
 	}
 	return ""
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -114,8 +115,10 @@ func publishRound(workCtx, waitCtx context.Context, ch *amqp.Channel, returns <-
 			continue
 		}
 		// Mandatory: an event that neither a binding nor the alternate
-		// exchange's queue takes comes back, and its row stays unpublished.
-		if publishErr = pub.Publish(workCtx, broker.ExchangeEvents, row.RoutingKey, true, row.publishing()); publishErr != nil {
+		// exchange's queue takes comes back, and its row stays unpublished;
+		// so does a reply whose requester's queue is gone.
+		exchange, key, mandatory := row.destination()
+		if publishErr = pub.Publish(workCtx, exchange, key, mandatory, row.publishing()); publishErr != nil {
 			break
 		}
 		sent = append(sent, row)
@@ -130,7 +133,17 @@ func publishRound(workCtx, waitCtx context.Context, ch *amqp.Channel, returns <-
 		returned[ret.MessageId] = ret
 	}
 	for _, row := range sent {
-		if ret, ok := returned[row.IdempotencyKey]; ok {
+		ret, ok := returned[row.IdempotencyKey]
+		switch {
+		case !ok:
+		case row.ReplyTo != "":
+			// The requester is gone (its channel closed, its queue
+			// deleted): retrying cures that only if it comes back, so the
+			// reply ends undeliverable after its attempts.
+			row.confirmed, row.refused = false, true
+			row.reason = fmt.Sprintf("undeliverable: the broker returned the reply (%d %s): no queue %q, the requester is gone",
+				ret.ReplyCode, ret.ReplyText, ret.RoutingKey)
+		default:
 			row.confirmed = false
 			row.reason = fmt.Sprintf("unroutable: the broker returned it (%d %s): no queue is bound for routing key %q, and %s is missing",
 				ret.ReplyCode, ret.ReplyText, ret.RoutingKey, broker.QueueUnroutable)
@@ -139,16 +152,38 @@ func publishRound(workCtx, waitCtx context.Context, ch *amqp.Channel, returns <-
 	return publishErr
 }
 
+// directReplyTo starts the reply_to of a requester on RabbitMQ's direct
+// reply-to.
+const directReplyTo = "amq.rabbitmq.reply-to."
+
+// destination returns the exchange and routing key the row is published
+// with, and whether mandatory: an event's routing key on
+// broker.ExchangeEvents, or a reply's reply_to on the default exchange (a
+// queue's name, or RabbitMQ's direct reply-to).
+//
+// A reply to direct reply-to is not mandatory: RabbitMQ 3.x returns every
+// mandatory publish to it, delivered or not (seen on 3.10), so a return
+// says nothing there, and acting on it would send the reply again. A reply
+// to a requester gone from direct reply-to is dropped by the broker; one to
+// a queue that is gone comes back, and ends undeliverable.
+func (c *claimedRow) destination() (exchange, key string, mandatory bool) {
+	if c.ReplyTo != "" {
+		return "", c.ReplyTo, !strings.HasPrefix(c.ReplyTo, directReplyTo)
+	}
+	return broker.ExchangeEvents, c.RoutingKey, true
+}
+
 func (c *claimedRow) publishing() amqp.Publishing {
 	return amqp.Publishing{
-		Headers:      c.trace().SetHeaders(nil),
-		ContentType:  "application/json",
-		DeliveryMode: amqp.Persistent,
-		MessageId:    c.IdempotencyKey,
-		Type:         c.RoutingKey,
-		Timestamp:    c.CreatedAt,
-		AppId:        "inboxd",
-		Body:         []byte(c.Payload),
+		Headers:       c.trace().SetHeaders(nil),
+		ContentType:   "application/json",
+		DeliveryMode:  amqp.Persistent,
+		MessageId:     c.IdempotencyKey,
+		CorrelationId: c.CorrelationID,
+		Type:          c.RoutingKey,
+		Timestamp:     c.CreatedAt,
+		AppId:         "inboxd",
+		Body:          []byte(c.Payload),
 	}
 }
 
