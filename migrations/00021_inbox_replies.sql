@@ -187,6 +187,7 @@ BEGIN
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'inbox_service') THEN
         GRANT SELECT, INSERT, DELETE ON inbox_reply_requests TO inbox_service;
         GRANT UPDATE (answered_run, answered_at) ON inbox_reply_requests TO inbox_service;
+        GRANT UPDATE (reply) ON inbox TO inbox_service;
         GRANT SELECT ON inbox_replies TO inbox_service;
     END IF;
     RETURN result;

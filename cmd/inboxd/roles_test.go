@@ -102,6 +102,7 @@ func TestServeAsTheServiceRole(t *testing.T) {
 		"UPDATE order_confirmations SET email = 'x', order_id = 'x'",
 		"UPDATE inbox_attempts SET outcome = 'processed'",
 		"UPDATE stock_reservations SET quantity = 0",
+		"UPDATE inbox_reply_requests SET reply_to = 'x'",
 	)
 }
 

@@ -1,0 +1,76 @@
+package inbox_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/orderconfirm/inboxd/internal/dbsqlc"
+	"github.com/orderconfirm/inboxd/internal/inbox"
+)
+
+// A copy of a message asking for a reply, stored while the message is
+// being handled, is seen neither by the handler's transaction (it commits
+// first) nor by the statement that stores it (the message is still pending
+// to it): the worker's next step answers it, with the stored result.
+func TestARequestStoredWhileItsMessageIsHandledIsAnswered(t *testing.T) {
+	t.Parallel()
+	b := setupWorker(t)
+	insertMessages(t, b.db.Pool, 1)
+	ctx := context.WithoutCancel(t.Context())
+
+	// Ingest stores a copy that asks for a reply while the message is
+	// still pending, and commits last.
+	storing, err := b.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = storing.Rollback(ctx) }()
+	_, err = dbsqlc.New().InboxInsertMany(ctx, storing, dbsqlc.InboxInsertManyParams{
+		MessageIds: []string{"m-0"}, MessageTypes: []string{"test"}, RoutingKeys: []string{"test"},
+		Payloads: [][]byte{[]byte("{}")}, OrderKeys: []string{""}, Traceparents: []string{""}, Tracestates: []string{""},
+		ReplyTos: []string{"requester"}, CorrelationIds: []string{"c-1"}, Redelivered: []bool{false},
+	})
+	require.NoError(t, err)
+	// Meanwhile the handler's transaction ends the message, and answers
+	// the requests it sees: none yet.
+	_, err = b.db.Pool.Exec(ctx, `UPDATE inbox SET status = 'processed', result = 'done', reply = '{"outcome":"done"}' WHERE message_id = 'm-0'`)
+	require.NoError(t, err)
+	require.NoError(t, storing.Commit(ctx))
+	require.Zero(t, b.db.Int(t, "SELECT count(*) FROM outbox"), "neither answered it")
+	require.Equal(t, []string{"waiting for the message"}, b.db.Strings(t, "SELECT state FROM inbox_replies"))
+
+	w := b.newWorker(t, b.db.Pool, inbox.WorkerConfig{})
+	_, err = w.RunOnce(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, []string{`requester c-1 {"run": 0, "status": "processed", "orderId": null, "outcome": "done", "messageId": "m-0"}`},
+		b.db.Strings(t, "SELECT format('%s %s %s', reply_to, correlation_id, payload) FROM outbox"))
+	require.Equal(t, []string{"sending"}, b.db.Strings(t, "SELECT state FROM inbox_replies"))
+
+	_, err = w.RunOnce(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, 1, b.db.Int(t, "SELECT count(*) FROM outbox"), "answered once")
+}
+
+// A redelivered copy of a request already stored (the broker's, after a
+// lost ack; or ingest's own retry of a store whose outcome was unknown) is
+// not stored again: its requester gets one reply. A copy the producer sent
+// again is a request of its own.
+func TestARedeliveredRequestIsStoredOnce(t *testing.T) {
+	t.Parallel()
+	b := setupWorker(t)
+	ctx := t.Context()
+	store := func(redelivered bool) {
+		t.Helper()
+		_, err := dbsqlc.New().InboxInsertMany(ctx, b.db.Pool, dbsqlc.InboxInsertManyParams{
+			MessageIds: []string{"m-0"}, MessageTypes: []string{"test"}, RoutingKeys: []string{"test"},
+			Payloads: [][]byte{[]byte("{}")}, OrderKeys: []string{""}, Traceparents: []string{""}, Tracestates: []string{""},
+			ReplyTos: []string{"requester"}, CorrelationIds: []string{"c-1"}, Redelivered: []bool{redelivered},
+		})
+		require.NoError(t, err)
+	}
+	store(false)
+	store(true)
+	require.Equal(t, 1, b.db.Int(t, "SELECT count(*) FROM inbox_reply_requests"))
+	store(false)
+	require.Equal(t, 2, b.db.Int(t, "SELECT count(*) FROM inbox_reply_requests"))
+}
