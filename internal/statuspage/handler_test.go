@@ -236,6 +236,31 @@ func TestStatusPageCountsDeadOutboxRows(t *testing.T) {
 	require.Contains(t, body, `data-metric="outbox_dead"`)
 }
 
+// Replies waiting and undeliverable are counted on the page and in its
+// JSON apart from the events, and need no person: a requester may leave.
+func TestStatusPageCountsReplies(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	before := b.page.Overview()
+	_, err := b.db.Pool.Exec(t.Context(), `
+		INSERT INTO outbox (idempotency_key, message_id, routing_key, payload, reply_to, dead_at, last_error)
+		VALUES ('reply:1:0', 'x', 'reply', '{}', 'gone', now(), 'undeliverable: test'),
+		       ('reply:2:0', 'x', 'reply', '{}', 'here', NULL, NULL),
+		       ('reply:3:0', 'x', 'reply', '{}', 'here', NULL, NULL)`)
+	require.NoError(t, err)
+	time.Sleep(statuspage.CacheTTLDefault + 100*time.Millisecond) // the cache's answer ages out
+	o := b.page.Overview()
+	require.Equal(t, before.Outbox.RepliesUndeliverable+1, o.Outbox.RepliesUndeliverable)
+	require.Equal(t, before.Outbox.RepliesUnpublished+2, o.Outbox.RepliesUnpublished)
+	require.Equal(t, before.Outbox.Dead, o.Outbox.Dead, "a reply is not a dead event")
+	require.Equal(t, before.Outbox.Unpublished, o.Outbox.Unpublished, "nor an event backlog")
+	require.Equal(t, before.NeedsAttention(), o.NeedsAttention(), "replies need no person")
+	status, body := get(t, b.server.URL+"/")
+	require.Equal(t, http.StatusOK, status)
+	require.Contains(t, body, `<span data-metric="replies_undeliverable">1</span>`)
+	require.Contains(t, body, `<span class="value" data-metric="replies_unpublished">2</span>`)
+}
+
 // A session that has held rows of the service for over 5 seconds (an
 // operator's SELECT … FOR UPDATE left open, its timeouts set to 0) is
 // listed, with the statement that ends it, in inbox_lock_holders and on the

@@ -73,6 +73,11 @@ type OutboxNow struct {
 	// Dead counts the rows refused for good (outbox_dead): each holds back
 	// the later rows of its order until an operator replays it.
 	Dead int64 `json:"dead"`
+	// RepliesUnpublished counts the replies waiting to be sent, and
+	// RepliesUndeliverable those whose requester was gone (inbox_replies):
+	// not an operator's alarm, as a requester may time out and leave.
+	RepliesUnpublished   int64 `json:"replies_unpublished"`
+	RepliesUndeliverable int64 `json:"replies_undeliverable"`
 }
 
 // Minute is one minute of the chart: messages received, and attempts

@@ -114,7 +114,8 @@ func (r *reader) outboxNow(ctx context.Context, tx pgx.Tx, o *Overview) error {
 	if err != nil {
 		return fmt.Errorf("read outbox_backlog: %w", err)
 	}
-	o.Outbox = &OutboxNow{Unpublished: ob.Unpublished, Failing: ob.Failing, OldestSeconds: ob.OldestSeconds, Dead: ob.Dead}
+	o.Outbox = &OutboxNow{Unpublished: ob.Unpublished, Failing: ob.Failing, OldestSeconds: ob.OldestSeconds, Dead: ob.Dead,
+		RepliesUnpublished: ob.RepliesUnpublished, RepliesUndeliverable: ob.RepliesUndeliverable}
 	return nil
 }
 
