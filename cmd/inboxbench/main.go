@@ -69,6 +69,7 @@ type options struct {
 	only           []string
 	steadyRate     float64
 	steadyDuration time.Duration
+	replyDuration  time.Duration
 	claimRows      []int
 	probeClients   int
 	probeMessages  int
@@ -89,6 +90,7 @@ var scenarios = []struct {
 	{"claim", benchClaim},
 	{"probes", benchProbes},
 	{"flood", benchFlood},
+	{"reply", benchReply},
 }
 
 // run parses args, runs the scenarios chosen, and prints the report to
@@ -143,9 +145,10 @@ func parseFlags(args []string) (*options, error) {
 	fs.IntVar(&o.skus, "skus", 1000, "distinct SKUs the orders draw from (each stocked so that no order is rejected)")
 	fs.BoolVar(&o.preload, "preload", false, "domain: publish everything before starting inboxd, and time how fast it drains the queue")
 	fs.StringVar(&o.serviceEnv, "env", "", "extra environment for inboxd, comma-separated KEY=VALUE pairs")
-	fs.StringVar(&only, "only", "", "comma-separated scenarios to run: core, passthrough, split, domain, domainruler, steady, claim, probes, flood (default: all)")
+	fs.StringVar(&only, "only", "", "comma-separated scenarios to run: core, passthrough, split, domain, domainruler, steady, claim, probes, flood, reply (default: all)")
 	fs.Float64Var(&o.steadyRate, "steady-rate", 1000, "steady: messages per second")
 	fs.DurationVar(&o.steadyDuration, "steady-duration", 5*time.Minute, "steady: how long to publish")
+	fs.DurationVar(&o.replyDuration, "reply-duration", time.Minute, "reply: how long to publish requests, at -steady-rate")
 	fs.IntVar(&o.probeClients, "probe-clients", 200, "probes, flood: concurrent clients sending GET /readyz (probes) or GET /api/messages/<random> (flood) in a loop")
 	fs.IntVar(&o.probeMessages, "probe-messages", 20_000, "probes, flood: the backlog drained, without and with the probes, or during the flood")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the bench process (which runs ingest and the workers of core and split) to this file")

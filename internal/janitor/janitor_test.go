@@ -90,6 +90,16 @@ func TestJanitorDeletesOnlyWhatIsPastItsRetention(t *testing.T) {
 		VALUES ('processed-old', 'order.created', 'a', 'b', '{}', now() - interval '9 days', now() - interval '8 days'),
 		       ('processed-young', 'order.created', 'a', 'c', '{}', now() - interval '9 days', now() - interval '1 day')`)
 
+	// Reply requests go with their message; a reply that ended
+	// undeliverable goes after the dead retention.
+	exec(t, db.Pool, `
+		INSERT INTO inbox_reply_requests (message_id, reply_to)
+		VALUES ('processed-old', 'requester'), ('pending-old', 'requester')`)
+	exec(t, db.Pool, `
+		INSERT INTO outbox (idempotency_key, message_id, routing_key, payload, reply_to, created_at, dead_at, last_error)
+		VALUES ('reply:old', 'gone-old', 'reply', '{}', 'gone', now() - interval '32 days', now() - interval '31 days', 'undeliverable'),
+		       ('reply:young', 'gone-young', 'reply', '{}', 'gone', now() - interval '2 days', now() - interval '1 day', 'undeliverable')`)
+
 	observed := map[string]int{}
 	j := newJanitor(t, db.Pool, janitor.Config{
 		Retention: 7 * day, DeadRetention: 30 * day, BatchSize: 1,
@@ -97,15 +107,19 @@ func TestJanitorDeletesOnlyWhatIsPastItsRetention(t *testing.T) {
 	})
 	res, err := j.RunOnce(t.Context())
 	require.NoError(t, err)
-	require.Equal(t, janitor.Result{janitor.RowsProcessed: 1, janitor.RowsDead: 1, janitor.RowsPublished: 1, janitor.RowsConflicts: 1, janitor.RowsUndeliverable: 0}, res)
-	require.Equal(t, map[string]int{janitor.RowsProcessed: 1, janitor.RowsDead: 1, janitor.RowsPublished: 1, janitor.RowsConflicts: 1}, observed)
+	require.Equal(t, janitor.Result{janitor.RowsProcessed: 1, janitor.RowsDead: 1, janitor.RowsPublished: 1, janitor.RowsConflicts: 1, janitor.RowsUndeliverable: 1}, res)
+	require.Equal(t, map[string]int{janitor.RowsProcessed: 1, janitor.RowsDead: 1, janitor.RowsPublished: 1, janitor.RowsConflicts: 1, janitor.RowsUndeliverable: 1}, observed)
+	require.Equal(t, []string{"pending-old"}, db.Strings(t, "SELECT message_id FROM inbox_reply_requests"), "a request goes with its message")
+	require.Equal(t, []string{"reply:1:0", "reply:young"},
+		db.Strings(t, "SELECT idempotency_key FROM outbox WHERE reply_to IS NOT NULL ORDER BY 1"),
+		"the reply processed-old's request was answered with stays to be sent; the undeliverable one past its retention goes")
 
 	require.Equal(t, []string{"dead-blocking", "dead-past-retention", "held", "pending-old", "processed-young"},
 		db.Strings(t, "SELECT message_id FROM inbox ORDER BY message_id"))
 	require.Zero(t, db.Int(t, "SELECT count(*) FROM inbox_attempts WHERE message_id IN ('processed-old', 'dead-old')"),
 		"the history goes with its message")
 	require.Equal(t, 3, db.Int(t, "SELECT count(*) FROM inbox_attempts"))
-	require.Equal(t, 2, db.Int(t, "SELECT count(*) FROM outbox"), "unpublished rows stay")
+	require.Equal(t, 2, db.Int(t, "SELECT count(*) FROM outbox WHERE reply_to IS NULL"), "unpublished rows stay")
 	require.Equal(t, 1, db.Int(t, "SELECT count(*) FROM inbox_conflicts"))
 
 	res, err = j.RunOnce(t.Context())
