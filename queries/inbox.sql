@@ -42,6 +42,15 @@ ORDER BY m.n
 ON CONFLICT (message_id) DO NOTHING
 RETURNING message_id;
 
+-- name: InboxReplyAnswerEnded :one
+-- InboxReplyAnswerEnded queues the replies of the requests of the messages
+-- message_ids, in the transaction that ended them (processed or dead): the
+-- handler's. A message not ended has none queued. It returns how many
+-- replies it queued.
+SELECT inbox_reply_answer(array(
+    SELECT r.id FROM inbox_reply_requests r WHERE r.message_id = ANY(@message_ids::text[])
+))::integer AS queued;
+
 -- name: InboxReplyAnswerLeft :one
 -- InboxReplyAnswerLeft answers up to max_rows requests whose message was
 -- handled but that were never answered: a request stored while its message

@@ -628,6 +628,23 @@ func (q *Queries) InboxRecordConflicts(ctx context.Context, db DBTX, arg InboxRe
 	return items, nil
 }
 
+const inboxReplyAnswerEnded = `-- name: InboxReplyAnswerEnded :one
+SELECT inbox_reply_answer(array(
+    SELECT r.id FROM inbox_reply_requests r WHERE r.message_id = ANY($1::text[])
+))::integer AS queued
+`
+
+// InboxReplyAnswerEnded queues the replies of the requests of the messages
+// message_ids, in the transaction that ended them (processed or dead): the
+// handler's. A message not ended has none queued. It returns how many
+// replies it queued.
+func (q *Queries) InboxReplyAnswerEnded(ctx context.Context, db DBTX, messageIds []string) (int32, error) {
+	row := db.QueryRow(ctx, inboxReplyAnswerEnded, messageIds)
+	var queued int32
+	err := row.Scan(&queued)
+	return queued, err
+}
+
 const inboxReplyAnswerLeft = `-- name: InboxReplyAnswerLeft :one
 SELECT inbox_reply_answer(array(
     SELECT r.id

@@ -125,8 +125,9 @@ func storable(s string) string {
 	return s
 }
 
-// complete records every message's decision in one statement, and logs
-// those that did not end processed.
+// complete records every message's decision in one statement, queues the
+// replies of the messages that ended, and logs those that did not end
+// processed.
 func (w *Worker) complete(ctx context.Context, tx pgx.Tx, batch []claimed) error {
 	p := dbsqlc.InboxCompleteManyParams{
 		Process:       w.cfg.Process,
@@ -138,14 +139,25 @@ func (w *Worker) complete(ctx context.Context, tx pgx.Tx, batch []claimed) error
 		RetryDelaysMs: make([]int64, len(batch)),
 		Replies:       make([]string, len(batch)),
 	}
+	var ended []string
 	for i, c := range batch {
 		d := c.decision
 		p.Ids[i], p.Statuses[i], p.Results[i], p.LastErrors[i] = c.msg.ID, d.status, d.result, d.lastError
 		p.RetryDelaysMs[i], p.Replies[i] = d.delay.Milliseconds(), d.reply
+		if d.status == StatusProcessed || d.status == StatusDead {
+			ended = append(ended, c.msg.MessageID)
+		}
 		w.logDecision(ctx, c)
 	}
 	if err := w.queries.InboxCompleteMany(ctx, tx, p); err != nil {
 		return fmt.Errorf("record outcomes: %w", err)
+	}
+	// The requesters of the messages that ended are answered in the same
+	// transaction: the reply commits with the result it carries.
+	if len(ended) > 0 {
+		if _, err := w.queries.InboxReplyAnswerEnded(ctx, tx, ended); err != nil {
+			return fmt.Errorf("queue replies: %w", err)
+		}
 	}
 	return nil
 }

@@ -33,8 +33,15 @@ func TestARequestStoredWhileItsMessageIsHandledIsAnswered(t *testing.T) {
 	require.NoError(t, err)
 	// Meanwhile the handler's transaction ends the message, and answers
 	// the requests it sees: none yet.
-	_, err = b.db.Pool.Exec(ctx, `UPDATE inbox SET status = 'processed', result = 'done', reply = '{"outcome":"done"}' WHERE message_id = 'm-0'`)
+	handling, err := b.db.Pool.Begin(ctx)
 	require.NoError(t, err)
+	defer func() { _ = handling.Rollback(ctx) }()
+	_, err = handling.Exec(ctx, `UPDATE inbox SET status = 'processed', result = 'done', reply = '{"outcome":"done"}' WHERE message_id = 'm-0'`)
+	require.NoError(t, err)
+	queued, err := dbsqlc.New().InboxReplyAnswerEnded(ctx, handling, []string{"m-0"})
+	require.NoError(t, err)
+	require.Zero(t, queued)
+	require.NoError(t, handling.Commit(ctx))
 	require.NoError(t, storing.Commit(ctx))
 	require.Zero(t, b.db.Int(t, "SELECT count(*) FROM outbox"), "neither answered it")
 	require.Equal(t, []string{"waiting for the message"}, b.db.Strings(t, "SELECT state FROM inbox_replies"))
