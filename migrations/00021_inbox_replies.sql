@@ -110,7 +110,10 @@ $$;
 CREATE FUNCTION inbox_reply_requests_answer() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM inbox_reply_answer(array(SELECT id FROM new_rows));
+    -- A statement trigger runs for every ingest batch, requests or not.
+    IF EXISTS (SELECT 1 FROM new_rows) THEN
+        PERFORM inbox_reply_answer(array(SELECT id FROM new_rows));
+    END IF;
     RETURN NULL;
 END;
 $$;

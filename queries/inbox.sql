@@ -54,10 +54,10 @@ SELECT inbox_reply_answer(array(
 -- name: InboxReplyAnswerLeft :one
 -- InboxReplyAnswerLeft answers up to max_rows requests whose message was
 -- handled but that were never answered: a request stored while its message
--- was being handled is seen neither by the handler's transaction nor by
--- the statement that stored it, whichever commits last. Rows another
--- session holds are skipped: it is answering them. It returns how many
--- replies it queued.
+-- was being handled (after InboxLockClaimed looked) is answered neither by
+-- the handler's transaction nor by the statement that stored it, which saw
+-- the message pending. Rows another session holds are skipped: it is
+-- answering them. It returns how many replies it queued.
 SELECT inbox_reply_answer(array(
     SELECT r.id
     FROM inbox_reply_requests r
@@ -225,9 +225,15 @@ SELECT id FROM claimed WHERE id NOT IN (SELECT id FROM given);
 -- skipped rather than waited for: the batch goes on without it, and the
 -- worker gives that claim back (InboxGiveBack), so the message is claimed
 -- again once the row is free, its attempt not counted.
+--
+-- reply_requested says whether a delivery of the message asked for a reply
+-- (inbox_reply_requests) by now: the transaction then answers it when the
+-- message ends (InboxReplyAnswerEnded); a request stored later is answered
+-- by InboxReplyAnswerLeft.
 SELECT i.id, i.message_id, i.message_type, i.payload, i.attempts, i.received_at, i.replay_requested,
        i.replay_count, i.claimed_at,
-       coalesce(i.traceparent, '') AS traceparent, coalesce(i.tracestate, '') AS tracestate
+       coalesce(i.traceparent, '') AS traceparent, coalesce(i.tracestate, '') AS tracestate,
+       EXISTS (SELECT 1 FROM inbox_reply_requests r WHERE r.message_id = i.message_id) AS reply_requested
 FROM inbox i
 JOIN (SELECT unnest(@ids::bigint[]) AS id, unnest(@claimed_ats::timestamptz[]) AS claimed_at) AS c
   ON c.id = i.id AND c.claimed_at = i.claimed_at

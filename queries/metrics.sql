@@ -8,8 +8,10 @@ SELECT
     (SELECT count(*) FROM inbox WHERE status = 'dead')::bigint AS dead,
     coalesce((SELECT extract(epoch FROM now() - i.received_at)
               FROM inbox i WHERE i.status = 'pending' ORDER BY i.id LIMIT 1), 0)::float8 AS oldest_pending_seconds,
-    (SELECT count(*) FROM outbox WHERE published_at IS NULL)::bigint AS outbox_backlog,
-    (SELECT count(*) FROM outbox WHERE published_at IS NULL AND dead_at IS NOT NULL)::bigint AS outbox_dead;
+    (SELECT count(*) FROM outbox WHERE published_at IS NULL AND reply_to IS NULL)::bigint AS outbox_backlog,
+    (SELECT count(*) FROM outbox WHERE published_at IS NULL AND dead_at IS NOT NULL AND reply_to IS NULL)::bigint AS outbox_dead,
+    (SELECT count(*) FROM outbox WHERE published_at IS NULL AND dead_at IS NULL AND reply_to IS NOT NULL)::bigint AS replies_unpublished,
+    (SELECT count(*) FROM outbox WHERE published_at IS NULL AND dead_at IS NOT NULL AND reply_to IS NOT NULL)::bigint AS replies_undeliverable;
 
 -- name: MetricsTryGaugeLock :one
 -- MetricsTryGaugeLock tries to take, for the session, the advisory lock

@@ -485,7 +485,8 @@ func (q *Queries) InboxInsertMany(ctx context.Context, db DBTX, arg InboxInsertM
 const inboxLockClaimed = `-- name: InboxLockClaimed :many
 SELECT i.id, i.message_id, i.message_type, i.payload, i.attempts, i.received_at, i.replay_requested,
        i.replay_count, i.claimed_at,
-       coalesce(i.traceparent, '') AS traceparent, coalesce(i.tracestate, '') AS tracestate
+       coalesce(i.traceparent, '') AS traceparent, coalesce(i.tracestate, '') AS tracestate,
+       EXISTS (SELECT 1 FROM inbox_reply_requests r WHERE r.message_id = i.message_id) AS reply_requested
 FROM inbox i
 JOIN (SELECT unnest($1::bigint[]) AS id, unnest($2::timestamptz[]) AS claimed_at) AS c
   ON c.id = i.id AND c.claimed_at = i.claimed_at
@@ -511,6 +512,7 @@ type InboxLockClaimedRow struct {
 	ClaimedAt       *time.Time
 	Traceparent     string
 	Tracestate      string
+	ReplyRequested  bool
 }
 
 // InboxLockClaimed locks claimed messages for the rest of the calling
@@ -523,6 +525,11 @@ type InboxLockClaimedRow struct {
 // skipped rather than waited for: the batch goes on without it, and the
 // worker gives that claim back (InboxGiveBack), so the message is claimed
 // again once the row is free, its attempt not counted.
+//
+// reply_requested says whether a delivery of the message asked for a reply
+// (inbox_reply_requests) by now: the transaction then answers it when the
+// message ends (InboxReplyAnswerEnded); a request stored later is answered
+// by InboxReplyAnswerLeft.
 func (q *Queries) InboxLockClaimed(ctx context.Context, db DBTX, arg InboxLockClaimedParams) ([]InboxLockClaimedRow, error) {
 	rows, err := db.Query(ctx, inboxLockClaimed, arg.Ids, arg.ClaimedAts)
 	if err != nil {
@@ -544,6 +551,7 @@ func (q *Queries) InboxLockClaimed(ctx context.Context, db DBTX, arg InboxLockCl
 			&i.ClaimedAt,
 			&i.Traceparent,
 			&i.Tracestate,
+			&i.ReplyRequested,
 		); err != nil {
 			return nil, err
 		}
@@ -660,10 +668,10 @@ SELECT inbox_reply_answer(array(
 
 // InboxReplyAnswerLeft answers up to max_rows requests whose message was
 // handled but that were never answered: a request stored while its message
-// was being handled is seen neither by the handler's transaction nor by
-// the statement that stored it, whichever commits last. Rows another
-// session holds are skipped: it is answering them. It returns how many
-// replies it queued.
+// was being handled (after InboxLockClaimed looked) is answered neither by
+// the handler's transaction nor by the statement that stored it, which saw
+// the message pending. Rows another session holds are skipped: it is
+// answering them. It returns how many replies it queued.
 func (q *Queries) InboxReplyAnswerLeft(ctx context.Context, db DBTX, maxRows int32) (int32, error) {
 	row := db.QueryRow(ctx, inboxReplyAnswerLeft, maxRows)
 	var queued int32

@@ -16,8 +16,10 @@ SELECT
     (SELECT count(*) FROM inbox WHERE status = 'dead')::bigint AS dead,
     coalesce((SELECT extract(epoch FROM now() - i.received_at)
               FROM inbox i WHERE i.status = 'pending' ORDER BY i.id LIMIT 1), 0)::float8 AS oldest_pending_seconds,
-    (SELECT count(*) FROM outbox WHERE published_at IS NULL)::bigint AS outbox_backlog,
-    (SELECT count(*) FROM outbox WHERE published_at IS NULL AND dead_at IS NOT NULL)::bigint AS outbox_dead
+    (SELECT count(*) FROM outbox WHERE published_at IS NULL AND reply_to IS NULL)::bigint AS outbox_backlog,
+    (SELECT count(*) FROM outbox WHERE published_at IS NULL AND dead_at IS NOT NULL AND reply_to IS NULL)::bigint AS outbox_dead,
+    (SELECT count(*) FROM outbox WHERE published_at IS NULL AND dead_at IS NULL AND reply_to IS NOT NULL)::bigint AS replies_unpublished,
+    (SELECT count(*) FROM outbox WHERE published_at IS NULL AND dead_at IS NOT NULL AND reply_to IS NOT NULL)::bigint AS replies_undeliverable
 `
 
 type MetricsGaugesRow struct {
@@ -26,6 +28,8 @@ type MetricsGaugesRow struct {
 	OldestPendingSeconds float64
 	OutboxBacklog        int64
 	OutboxDead           int64
+	RepliesUnpublished   int64
+	RepliesUndeliverable int64
 }
 
 // Named after its caller, internal/metrics: its gauges read the inbox and the outbox together, and its lock is no table's.
@@ -40,6 +44,8 @@ func (q *Queries) MetricsGauges(ctx context.Context, db DBTX) (MetricsGaugesRow,
 		&i.OldestPendingSeconds,
 		&i.OutboxBacklog,
 		&i.OutboxDead,
+		&i.RepliesUnpublished,
+		&i.RepliesUndeliverable,
 	)
 	return i, err
 }

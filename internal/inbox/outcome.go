@@ -27,6 +27,10 @@ type claimed struct {
 	givenUp bool
 	// outcome is what the handler said, unless givenUp.
 	outcome Outcome
+	// replyRequested is set when a delivery of the message asked for a
+	// reply by the time the batch locked it: the batch's transaction
+	// answers it once the message ends.
+	replyRequested bool
 	// decision is set once the batch's handling is over.
 	decision decision
 }
@@ -144,7 +148,7 @@ func (w *Worker) complete(ctx context.Context, tx pgx.Tx, batch []claimed) error
 		d := c.decision
 		p.Ids[i], p.Statuses[i], p.Results[i], p.LastErrors[i] = c.msg.ID, d.status, d.result, d.lastError
 		p.RetryDelaysMs[i], p.Replies[i] = d.delay.Milliseconds(), d.reply
-		if d.status == StatusProcessed || d.status == StatusDead {
+		if c.replyRequested && (d.status == StatusProcessed || d.status == StatusDead) {
 			ended = append(ended, c.msg.MessageID)
 		}
 		w.logDecision(ctx, c)

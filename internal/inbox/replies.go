@@ -12,9 +12,9 @@ import (
 const answerLeftBatch = 1000
 
 // answerLeft answers the reply requests that neither the handler's
-// transaction nor ingest's statement answered: a duplicate stored while
-// its message was being handled is seen by neither, whichever commits
-// last. Every other request is answered where it is stored or where its
+// transaction nor ingest's statement answered: a copy stored while its
+// message was being handled (after the batch locked it) is seen by
+// neither. Every other request is answered where it is stored or where its
 // message ends (see migration 00021); this is the rule's one gap, closed
 // within a poll interval. It returns how many replies it queued.
 func (w *Worker) answerLeft(ctx context.Context) (int, error) {

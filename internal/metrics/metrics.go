@@ -154,15 +154,17 @@ var (
 	pendingDesc    = prometheus.NewDesc("inbox_pending", "Messages waiting to be handled (including retries).", nil, nil)
 	deadDesc       = prometheus.NewDesc("inbox_dead", "Messages that will not be retried unless replayed.", nil, nil)
 	oldestDesc     = prometheus.NewDesc("inbox_oldest_pending_age_seconds", "Age of the oldest pending message.", nil, nil)
-	backlogDesc    = prometheus.NewDesc("outbox_backlog", "Outbox rows not yet published.", nil, nil)
-	outboxDeadDesc = prometheus.NewDesc("outbox_dead", "Outbox rows refused for good: not published, holding back their order's later rows, until replayed.", nil, nil)
+	backlogDesc    = prometheus.NewDesc("outbox_backlog", "Events in the outbox not yet published.", nil, nil)
+	outboxDeadDesc = prometheus.NewDesc("outbox_dead", "Events refused for good: not published, holding back their order's later rows, until replayed.", nil, nil)
+	repliesDesc    = prometheus.NewDesc("outbox_replies_unpublished", "Replies to requesters not yet published.", nil, nil)
+	undeliverDesc  = prometheus.NewDesc("outbox_replies_undeliverable", "Replies the broker returned after their attempts: their requester was gone.", nil, nil)
 	upDesc         = prometheus.NewDesc("inbox_database_up", "Whether the last scrape could read the database.", nil, nil)
 	holderDesc     = prometheus.NewDesc("inbox_database_gauges_exporter",
-		"1 in the one process that exports the gauges read from the database (inbox_pending, inbox_dead, inbox_oldest_pending_age_seconds, outbox_backlog, outbox_dead), 0 in the others.", nil, nil)
+		"1 in the one process that exports the gauges read from the database (inbox_pending, inbox_dead, inbox_oldest_pending_age_seconds, outbox_backlog, outbox_dead, outbox_replies_unpublished, outbox_replies_undeliverable), 0 in the others.", nil, nil)
 )
 
 func (g *gauges) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{pendingDesc, deadDesc, oldestDesc, backlogDesc, outboxDeadDesc, upDesc, holderDesc} {
+	for _, d := range []*prometheus.Desc{pendingDesc, deadDesc, oldestDesc, backlogDesc, outboxDeadDesc, repliesDesc, undeliverDesc, upDesc, holderDesc} {
 		ch <- d
 	}
 }
@@ -192,6 +194,8 @@ func (g *gauges) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(oldestDesc, prometheus.GaugeValue, row.OldestPendingSeconds)
 	ch <- prometheus.MustNewConstMetric(backlogDesc, prometheus.GaugeValue, float64(row.OutboxBacklog))
 	ch <- prometheus.MustNewConstMetric(outboxDeadDesc, prometheus.GaugeValue, float64(row.OutboxDead))
+	ch <- prometheus.MustNewConstMetric(repliesDesc, prometheus.GaugeValue, float64(row.RepliesUnpublished))
+	ch <- prometheus.MustNewConstMetric(undeliverDesc, prometheus.GaugeValue, float64(row.RepliesUndeliverable))
 }
 
 // poolStats exports pgxpool's statistics of each pool, labelled by pool.

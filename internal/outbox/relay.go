@@ -66,8 +66,10 @@ type RelayConfig struct {
 	RetryBase, RetryMax time.Duration
 	// MaxAttempts is how many attempts a row the relay refuses to send (see
 	// outbox_dead) gets before it ends dead, holding back the later rows of
-	// its order until an operator replays it. Failures that retrying may
-	// cure (the broker away, a missing confirm, a return) never end a row.
+	// its order until an operator replays it, and how many a reply the
+	// broker returns (its requester is gone) gets before it ends
+	// undeliverable. Failures that retrying may cure (the broker away, a
+	// missing confirm, an event's return) never end an event.
 	// Defaults to MaxAttemptsDefault (5).
 	MaxAttempts int
 	// Heartbeat is the AMQP heartbeat interval. Defaults to 10 seconds.
@@ -108,9 +110,9 @@ func (c *RelayConfig) withDefaults() (*RelayConfig, error) {
 	return &out, nil
 }
 
-// Relay publishes outbox rows to broker.ExchangeEvents as persistent messages
-// whose AMQP message_id is the row's idempotency key, with publisher
-// confirms. It marks a batch published in a transaction that locks the rows
+// Relay publishes outbox rows to broker.ExchangeEvents (replies to their
+// requesters, through the default exchange) as persistent messages whose
+// AMQP message_id is the row's idempotency key, with publisher confirms. It marks a batch published in a transaction that locks the rows
 // and commits only once the broker has confirmed them, so each row is
 // written once, and nobody sees it published before it is. Several relays,
 // in several processes, can share one outbox: each skips the rows another
