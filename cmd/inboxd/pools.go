@@ -34,9 +34,10 @@ type pools struct {
 const ingestPoolSize = 2
 
 // workerPoolSize is one connection for each batch in flight (INBOX_WORKERS,
-// each in its own transaction) and one for the takeover of unfinished
-// messages, which runs beside them.
-func workerPoolSize(workers int) int { return workers + 1 }
+// each in its own transaction), one for the takeover of unfinished
+// messages, and one for the answer of reply requests left unanswered, which
+// run beside them.
+func workerPoolSize(workers int) int { return workers + 2 }
 
 // relayPoolSize: the relay holds one connection, for the transaction of the
 // batch it is publishing; the janitor deletes one short statement at a

@@ -235,3 +235,85 @@ func TestADeadMessageRepliesAndItsReplayRepliesAgain(t *testing.T) {
 	require.EqualValues(t, 1, again.body["run"])
 	req.requireNoMoreReplies(t, time.Second)
 }
+
+// Every request is answered, through SIGKILLs landing while requests,
+// handling and replies are in flight: each request gets its reply under
+// one id (a copy after a crash carries the same id and body), a copy of a
+// message gets the same body as its first, and no request is stored twice.
+func TestEveryRequestIsAnsweredAcrossSIGKILL(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	req := newRequester(t, b.broker.URL, true)
+	env := serviceEnv(b.db, b.broker, "INBOX_WORKER_BATCH_SIZE=20", "INBOX_INGEST_BATCH_SIZE=50",
+		"INBOX_RELAY_BATCH_SIZE=50", "INBOX_RELAY_LEASE=1s", "INBOX_CLAIM_LEASE=500ms")
+
+	const orders = 600
+	type request struct{ messageID, correlationID string }
+	var requests []request
+	for i := range orders {
+		requests = append(requests, request{fmt.Sprintf("m-%d", i), fmt.Sprintf("c-%d", i)})
+		if i >= 40 && i%4 == 0 { // a quarter sent again, some time later, under the same id
+			requests = append(requests, request{fmt.Sprintf("m-%d", i-40), fmt.Sprintf("c-%d-again", i-40)})
+		}
+	}
+	published := make(chan struct{})
+	go func() {
+		defer close(published)
+		for n, r := range requests {
+			var i int
+			_, _ = fmt.Sscanf(r.messageID, "m-%d", &i)
+			req.request(t, r.messageID, "order.created", r.correlationID, loadgen.OrderCreatedBody(fmt.Sprintf("o-%d", i), 1))
+			if n%50 == 49 {
+				time.Sleep(30 * time.Millisecond)
+			}
+		}
+	}()
+
+	replies := map[string][]reply{}
+	collect := func(d time.Duration) {
+		for deadline := time.After(d); ; {
+			select {
+			case d := <-req.replies:
+				var body map[string]any
+				require.NoError(t, json.Unmarshal(d.Body, &body))
+				replies[d.CorrelationId] = append(replies[d.CorrelationId], reply{id: d.MessageId, correlationID: d.CorrelationId, body: body, raw: string(d.Body)})
+			case <-deadline:
+				return
+			}
+		}
+	}
+	for kill := range 3 {
+		p := startProcess(t, env)
+		before := b.count(t, "SELECT count(*) FROM outbox WHERE reply_to IS NOT NULL")
+		require.Eventually(t, func() bool {
+			return b.count(t, "SELECT count(*) FROM outbox WHERE reply_to IS NOT NULL") > before
+		}, 30*time.Second, 5*time.Millisecond, "kill %d: replies are being queued", kill)
+		collect(time.Duration(50+kill*70) * time.Millisecond)
+		p.kill()
+	}
+	<-published
+	startProcess(t, env)
+	b.waitDrained(t, orders, 60*time.Second)
+	for deadline := time.Now().Add(60 * time.Second); len(replies) < len(requests) && time.Now().Before(deadline); {
+		collect(100 * time.Millisecond)
+	}
+	collect(time.Second) // copies sent again after a crash
+	require.Equal(t, len(requests), len(replies), "every request got a reply")
+
+	require.Equal(t, len(requests), b.count(t, "SELECT count(*) FROM inbox_reply_requests"), "no request stored twice")
+	ids := map[string]string{}
+	for corr, rs := range replies {
+		for _, r := range rs {
+			require.Equal(t, rs[0].id, r.id, "%s: every copy of a reply has its id", corr)
+			require.Equal(t, rs[0].raw, r.raw, "%s: and its body", corr)
+			require.Equal(t, "confirmed", r.body["outcome"], r.raw)
+		}
+		require.NotContains(t, ids, rs[0].id, "a reply id answers one request")
+		ids[rs[0].id] = corr
+	}
+	for _, r := range requests {
+		require.Equal(t, r.messageID, replies[r.correlationID][0].body["messageId"])
+	}
+	require.Equal(t, orders, b.count(t, "SELECT count(*) FROM order_confirmations"))
+	require.Equal(t, 2*orders, b.count(t, "SELECT count(*) FROM outbox WHERE reply_to IS NULL"), "no second effect")
+}

@@ -654,27 +654,52 @@ func (q *Queries) InboxReplyAnswerEnded(ctx context.Context, db DBTX, messageIds
 }
 
 const inboxReplyAnswerLeft = `-- name: InboxReplyAnswerLeft :one
-SELECT inbox_reply_answer(array(
+WITH scanned AS (
     SELECT r.id
     FROM inbox_reply_requests r
+    WHERE r.answered_run IS NULL
+      AND r.id > $1::bigint
+    ORDER BY r.id
+    LIMIT $2
+), due AS (
+    SELECT r.id
+    FROM inbox_reply_requests r
+    JOIN scanned s ON s.id = r.id
     JOIN inbox i ON i.message_id = r.message_id
     WHERE r.answered_run IS NULL
       AND i.status IN ('processed', 'dead')
     ORDER BY r.id
-    LIMIT $1
     FOR UPDATE OF r SKIP LOCKED
-))::integer AS queued
+)
+SELECT (CASE WHEN EXISTS (SELECT 1 FROM due) THEN inbox_reply_answer(array(SELECT id FROM due ORDER BY id)) ELSE 0 END)::integer AS queued,
+       coalesce((SELECT max(id) FROM scanned), 0)::bigint AS last_id,
+       (SELECT count(*) FROM scanned)::integer AS scanned
 `
 
-// InboxReplyAnswerLeft answers up to max_rows requests whose message was
-// handled but that were never answered: a request stored while its message
-// was being handled (after InboxLockClaimed looked) is answered neither by
-// the handler's transaction nor by the statement that stored it, which saw
-// the message pending. Rows another session holds are skipped: it is
-// answering them. It returns how many replies it queued.
-func (q *Queries) InboxReplyAnswerLeft(ctx context.Context, db DBTX, maxRows int32) (int32, error) {
-	row := db.QueryRow(ctx, inboxReplyAnswerLeft, maxRows)
-	var queued int32
-	err := row.Scan(&queued)
-	return queued, err
+type InboxReplyAnswerLeftParams struct {
+	AfterID int64
+	MaxScan int32
+}
+
+type InboxReplyAnswerLeftRow struct {
+	Queued  int32
+	LastID  int64
+	Scanned int32
+}
+
+// InboxReplyAnswerLeft answers the requests whose message was handled but
+// that were never answered: a request stored while its message was being
+// handled (after InboxLockClaimed looked) is answered neither by the
+// handler's transaction nor by the statement that stored it, which saw the
+// message pending. It looks at up to max_scan unanswered requests after
+// after_id, in id order (most of them wait for their message: the caller
+// goes on from last_id at its next pass, and from the start once a pass
+// scanned fewer than max_scan), and skips rows another session holds: it
+// is answering them. It returns how many replies it queued; with none to
+// queue it calls nothing.
+func (q *Queries) InboxReplyAnswerLeft(ctx context.Context, db DBTX, arg InboxReplyAnswerLeftParams) (InboxReplyAnswerLeftRow, error) {
+	row := db.QueryRow(ctx, inboxReplyAnswerLeft, arg.AfterID, arg.MaxScan)
+	var i InboxReplyAnswerLeftRow
+	err := row.Scan(&i.Queued, &i.LastID, &i.Scanned)
+	return i, err
 }

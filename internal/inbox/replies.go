@@ -5,30 +5,36 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/orderconfirm/inboxd/internal/dbsqlc"
 	"github.com/orderconfirm/inboxd/internal/retry"
 )
 
-// answerLeftBatch is the most requests one answerLeft statement answers.
-const answerLeftBatch = 1000
+// answerLeftScan is the most unanswered reply requests one answerLeft pass
+// looks at, so that a pass costs the same however many requests wait for
+// their message.
+const answerLeftScan = 10_000
 
 // answerLeft answers the reply requests that neither the handler's
 // transaction nor ingest's statement answered: a copy stored while its
 // message was being handled (after the batch locked it) is seen by
 // neither. Every other request is answered where it is stored or where its
 // message ends (see migration 00021); this is the rule's one gap, closed
-// within a poll interval. It returns how many replies it queued.
+// within a few poll intervals. Each pass looks at up to answerLeftScan
+// unanswered requests, going on from where the last pass stopped. It
+// returns how many replies it queued.
 func (w *Worker) answerLeft(ctx context.Context) (int, error) {
-	total := 0
-	for {
-		n, err := w.queries.InboxReplyAnswerLeft(ctx, w.pool, answerLeftBatch)
-		if err != nil {
-			return total, fmt.Errorf("answer reply requests left unanswered: %w", err)
-		}
-		total += int(n)
-		if n < answerLeftBatch {
-			return total, nil
-		}
+	row, err := w.queries.InboxReplyAnswerLeft(ctx, w.pool, dbsqlc.InboxReplyAnswerLeftParams{
+		AfterID: w.answerCursor.Load(), MaxScan: answerLeftScan,
+	})
+	if err != nil {
+		return 0, fmt.Errorf("answer reply requests left unanswered: %w", err)
 	}
+	next := row.LastID
+	if row.Scanned < answerLeftScan {
+		next = 0 // the end: the next pass starts again
+	}
+	w.answerCursor.Store(next)
+	return int(row.Queued), nil
 }
 
 // answerLoop runs answerLeft every interval until ctx ends.

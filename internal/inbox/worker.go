@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -38,8 +39,10 @@ type Worker struct {
 
 	live *liveness
 	// lost holds the claims to give back before the next claim.
-	lost    lostClaims
-	service startstop.Service
+	lost lostClaims
+	// answerCursor is the last reply request answerLeft looked at.
+	answerCursor atomic.Int64
+	service      startstop.Service
 }
 
 // NewWorker returns a Worker that claims from the inbox through pool. The
