@@ -127,7 +127,7 @@ func TestServePipelineConfigDefaults(t *testing.T) {
 	}, got)
 	require.Equal(t, poolSizes{
 		ingest: ingestPoolSize,
-		worker: inbox.ConcurrencyDefault + 1,
+		worker: inbox.ConcurrencyDefault + 2,
 		relay:  relayPoolSize,
 		status: statuspage.PoolSizeDefault,
 		ready:  readyPoolSize,
@@ -221,8 +221,8 @@ func TestServePipelineConfigFromEverySetting(t *testing.T) {
 			BatchSize:     500,
 		},
 	}, got)
-	// Seven batches in flight and the takeover; no status page.
-	require.Equal(t, poolSizes{ingest: ingestPoolSize, worker: 8, relay: relayPoolSize, ready: readyPoolSize}, poolSizesFor(cfg))
+	// Seven batches in flight, the takeover and the answer of left requests; no status page.
+	require.Equal(t, poolSizes{ingest: ingestPoolSize, worker: 9, relay: relayPoolSize, ready: readyPoolSize}, poolSizesFor(cfg))
 }
 
 func TestServePipelineConfigWithoutJanitor(t *testing.T) {
