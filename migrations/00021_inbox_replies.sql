@@ -36,6 +36,12 @@ CREATE INDEX inbox_reply_requests_message_id_idx ON inbox_reply_requests (messag
 -- handled (the workers answer those with InboxReplyAnswerLeft).
 CREATE INDEX inbox_reply_requests_unanswered_idx ON inbox_reply_requests (id) WHERE answered_run IS NULL;
 
+-- The janitor deletes a request with its message, and any request older
+-- than the dead retention by age: one whose message left while it was
+-- being stored (the janitor deleted the message between ingest's check and
+-- its insert) has no message to go with.
+CREATE INDEX inbox_reply_requests_received_at_idx ON inbox_reply_requests (received_at);
+
 -- reply is the body of the message's reply, as its handler gave it (for
 -- order messages: the outcome and its reason). The rest of the body
 -- (message id, order id, status, run) is the inbox row's.
@@ -56,7 +62,7 @@ ALTER TABLE outbox
 -- queued. The reply's id is 'reply:<request id>:<run>': the same however
 -- often it is queued, so a requester can drop a copy. Three callers: the
 -- trigger below (a request for a message handled already), the worker's
--- transaction that ends messages (InboxReplyAnswerEnded) and its sweep
+-- transaction that ends messages (InboxReplyAnswer) and its sweep
 -- (InboxReplyAnswerLeft).
 --
 -- Its statement is planned at each call, for the tables as they are: a
@@ -131,7 +137,7 @@ SELECT r.id, r.message_id, r.reply_to, r.correlation_id, r.received_at, r.answer
        i.status AS message_status,
        o.idempotency_key AS reply_id,
        CASE WHEN r.answered_run IS NULL THEN 'waiting for the message'
-            WHEN o.id IS NULL THEN 'sent and cleaned up'
+            WHEN o.id IS NULL THEN 'cleaned up'
             WHEN o.published_at IS NOT NULL THEN 'sent'
             WHEN o.dead_at IS NOT NULL THEN 'undeliverable'
             ELSE 'sending' END AS state,
@@ -197,7 +203,6 @@ SELECT inbox_grant_roles();
 -- +goose Down
 DROP FUNCTION inbox_grant_roles();
 ALTER FUNCTION inbox_grant_roles_00019() RENAME TO inbox_grant_roles;
-SELECT inbox_grant_roles();
 CREATE OR REPLACE VIEW outbox_dead AS
 SELECT o.id, o.idempotency_key, o.routing_key, o.order_key, o.message_id, o.attempts, o.last_error,
        o.created_at, o.dead_at, o.replay_count,
@@ -222,3 +227,5 @@ DROP FUNCTION inbox_reply_answer(bigint[]);
 ALTER TABLE outbox DROP COLUMN correlation_id, DROP COLUMN reply_to;
 ALTER TABLE inbox DROP COLUMN reply;
 DROP TABLE inbox_reply_requests;
+-- Last: the views made again above get their grants.
+SELECT inbox_grant_roles();

@@ -42,14 +42,14 @@ ORDER BY m.n
 ON CONFLICT (message_id) DO NOTHING
 RETURNING message_id;
 
--- name: InboxReplyAnswerEnded :one
--- InboxReplyAnswerEnded queues the replies of the requests of the messages
--- message_ids, in the transaction that ended them (processed or dead): the
--- handler's. A message not ended has none queued. It returns how many
--- replies it queued.
-SELECT inbox_reply_answer(array(
-    SELECT r.id FROM inbox_reply_requests r WHERE r.message_id = ANY(@message_ids::text[])
-))::integer AS queued;
+-- name: InboxReplyAnswer :one
+-- InboxReplyAnswer queues the replies of the requests request_ids whose
+-- message has ended (processed or dead), in the calling transaction: the
+-- handler's, for the requests InboxLockClaimed found. The requests are
+-- named by their keys, which the planner estimates right on tables nobody
+-- analyzes (a message id list is taken for a share of the table). It
+-- returns how many replies it queued.
+SELECT inbox_reply_answer(@request_ids::bigint[])::integer AS queued;
 
 -- name: InboxReplyAnswerLeft :one
 -- InboxReplyAnswerLeft answers the requests whose message was handled but
@@ -240,14 +240,13 @@ SELECT id FROM claimed WHERE id NOT IN (SELECT id FROM given);
 -- worker gives that claim back (InboxGiveBack), so the message is claimed
 -- again once the row is free, its attempt not counted.
 --
--- reply_requested says whether a delivery of the message asked for a reply
--- (inbox_reply_requests) by now: the transaction then answers it when the
--- message ends (InboxReplyAnswerEnded); a request stored later is answered
--- by InboxReplyAnswerLeft.
+-- reply_request_ids are the message's reply requests stored by now: the
+-- transaction answers them when the message ends (InboxReplyAnswer); a
+-- request stored later is answered by InboxReplyAnswerLeft.
 SELECT i.id, i.message_id, i.message_type, i.payload, i.attempts, i.received_at, i.replay_requested,
        i.replay_count, i.claimed_at,
        coalesce(i.traceparent, '') AS traceparent, coalesce(i.tracestate, '') AS tracestate,
-       EXISTS (SELECT 1 FROM inbox_reply_requests r WHERE r.message_id = i.message_id) AS reply_requested
+       array(SELECT r.id FROM inbox_reply_requests r WHERE r.message_id = i.message_id ORDER BY r.id)::bigint[] AS reply_request_ids
 FROM inbox i
 JOIN (SELECT unnest(@ids::bigint[]) AS id, unnest(@claimed_ats::timestamptz[]) AS claimed_at) AS c
   ON c.id = i.id AND c.claimed_at = i.claimed_at

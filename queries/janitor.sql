@@ -84,6 +84,19 @@ WHERE id IN (
     FOR UPDATE SKIP LOCKED
 );
 
+-- name: JanitorDeleteReplyRequests :execrows
+-- JanitorDeleteReplyRequests deletes up to max_rows reply requests received
+-- more than older_than_seconds ago. Requests leave with their message; this
+-- catches one stored for a message that the janitor was deleting meanwhile.
+DELETE FROM inbox_reply_requests
+WHERE id IN (
+    SELECT id FROM inbox_reply_requests
+    WHERE received_at < now() - make_interval(secs => sqlc.arg(older_than_seconds)::float8)
+    ORDER BY received_at
+    LIMIT sqlc.arg(max_rows)
+    FOR UPDATE SKIP LOCKED
+);
+
 -- name: JanitorDeleteConflicts :execrows
 -- JanitorDeleteConflicts deletes up to max_rows conflict records last seen
 -- more than older_than_seconds ago.

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/url"
 	"os/exec"
 	"strings"
@@ -58,9 +59,24 @@ func TestServeAsTheServiceRole(t *testing.T) {
 		"INBOX_DEDUPE_WINDOW=1s", "INBOX_RETENTION=2s", "INBOX_DEAD_RETENTION=2s", "INBOX_JANITOR_INTERVAL=500ms"))
 	w := loadgen.Generate(loadgen.Spec{Orders: 200, DuplicateRate: 0.2, Seed: 11})
 	require.NoError(t, loadgen.Publish(t.Context(), b.broker.URL, w.Messages, 100))
+	// Requests, a copy of one, and one whose requester is gone: the role
+	// stores, answers, publishes, gives up on and deletes replies.
+	req := newRequester(t, b.broker.URL, true)
+	gone := newRequester(t, b.broker.URL, true)
+	gone.request(t, "r-gone", "order.created", "c-gone", loadgen.OrderCreatedBody("o-r-gone", 1))
+	require.NoError(t, gone.ch.Close())
+	for i := range 5 {
+		req.request(t, fmt.Sprintf("r-%d", i), "order.created", fmt.Sprintf("c-%d", i), loadgen.OrderCreatedBody(fmt.Sprintf("o-r-%d", i), 1))
+	}
+	first := req.receive(t, 5, 30*time.Second)
+	req.request(t, "r-0", "order.created", "c-0-again", loadgen.OrderCreatedBody("o-r-0", 1))
+	again := req.receive(t, 1, 30*time.Second)[0]
+	require.Equal(t, "c-0-again", again.correlationID)
+	require.Equal(t, "confirmed", again.body["outcome"], again.raw)
+	require.Len(t, first, 5)
 
 	require.Eventually(t, func() bool {
-		return b.count(t, "SELECT count(*) FROM order_confirmations WHERE status = 'confirmed'") == len(w.OrderIDs)
+		return b.count(t, "SELECT count(*) FROM order_confirmations WHERE status = 'confirmed'") == len(w.OrderIDs)+6
 	}, 60*time.Second, 50*time.Millisecond, "every order confirmed")
 	// Each confirmed order publishes order.confirmed and email.requested.
 	timeout := time.After(60 * time.Second)
@@ -78,7 +94,10 @@ func TestServeAsTheServiceRole(t *testing.T) {
 			b.count(t, "SELECT count(*) FROM inbox_attempts") == 0 &&
 			b.count(t, "SELECT count(*) FROM outbox") == 0
 	}, 30*time.Second, 100*time.Millisecond, "the janitor deleted what was past its retention")
-	require.Equal(t, len(w.OrderIDs), b.count(t, "SELECT count(*) FROM order_confirmations"), "the domain's rows stay")
+	require.Eventually(t, func() bool {
+		return b.count(t, "SELECT count(*) FROM inbox_reply_requests") == 0
+	}, 30*time.Second, 100*time.Millisecond, "reply requests leave with their messages")
+	require.Equal(t, len(w.OrderIDs)+6, b.count(t, "SELECT count(*) FROM order_confirmations"), "the domain's rows stay")
 
 	conn, err := pgx.Connect(t.Context(), serviceURL)
 	require.NoError(t, err)

@@ -146,6 +146,33 @@ func (q *Queries) JanitorDeletePublished(ctx context.Context, db DBTX, arg Janit
 	return result.RowsAffected(), nil
 }
 
+const janitorDeleteReplyRequests = `-- name: JanitorDeleteReplyRequests :execrows
+DELETE FROM inbox_reply_requests
+WHERE id IN (
+    SELECT id FROM inbox_reply_requests
+    WHERE received_at < now() - make_interval(secs => $1::float8)
+    ORDER BY received_at
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+`
+
+type JanitorDeleteReplyRequestsParams struct {
+	OlderThanSeconds float64
+	MaxRows          int32
+}
+
+// JanitorDeleteReplyRequests deletes up to max_rows reply requests received
+// more than older_than_seconds ago. Requests leave with their message; this
+// catches one stored for a message that the janitor was deleting meanwhile.
+func (q *Queries) JanitorDeleteReplyRequests(ctx context.Context, db DBTX, arg JanitorDeleteReplyRequestsParams) (int64, error) {
+	result, err := db.Exec(ctx, janitorDeleteReplyRequests, arg.OlderThanSeconds, arg.MaxRows)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
 const janitorDeleteUndeliverable = `-- name: JanitorDeleteUndeliverable :execrows
 DELETE FROM outbox
 WHERE id IN (

@@ -27,10 +27,10 @@ type claimed struct {
 	givenUp bool
 	// outcome is what the handler said, unless givenUp.
 	outcome Outcome
-	// replyRequested is set when a delivery of the message asked for a
-	// reply by the time the batch locked it: the batch's transaction
-	// answers it once the message ends.
-	replyRequested bool
+	// replyRequests are the message's reply requests stored by the time
+	// the batch locked it: the batch's transaction answers them once the
+	// message ends.
+	replyRequests []int64
 	// decision is set once the batch's handling is over.
 	decision decision
 }
@@ -108,14 +108,21 @@ func isDatabaseTrouble(err error) bool {
 }
 
 // replyObject returns reply as text when it is a JSON object of at most
-// 4 KiB that PostgreSQL's jsonb takes, and "" otherwise, so that no reply
-// can fail the statement that records a whole batch.
+// 4 KiB, and "" otherwise. The object is decoded and encoded again, so that
+// what PostgreSQL's jsonb refuses and json.Valid lets through (a lone
+// surrogate, a number beyond float64) cannot fail the statement that
+// records a whole batch: a lone surrogate becomes U+FFFD, an out-of-range
+// number drops the reply, and so does a NUL, which jsonb refuses too.
 func replyObject(reply []byte) string {
-	r := bytes.TrimSpace(reply)
-	if len(r) == 0 || len(r) > 4096 || r[0] != '{' || !json.Valid(r) || bytes.Contains(r, []byte(`\u0000`)) {
+	var v map[string]any
+	if len(reply) > 4096 || json.Unmarshal(reply, &v) != nil || v == nil {
 		return ""
 	}
-	return string(r)
+	out, err := json.Marshal(v)
+	if err != nil || bytes.Contains(out, []byte(`\u0000`)) {
+		return ""
+	}
+	return string(out)
 }
 
 // storable makes a handler's result or error text safe for a text column
@@ -143,13 +150,13 @@ func (w *Worker) complete(ctx context.Context, tx pgx.Tx, batch []claimed) error
 		RetryDelaysMs: make([]int64, len(batch)),
 		Replies:       make([]string, len(batch)),
 	}
-	var ended []string
+	var requests []int64
 	for i, c := range batch {
 		d := c.decision
 		p.Ids[i], p.Statuses[i], p.Results[i], p.LastErrors[i] = c.msg.ID, d.status, d.result, d.lastError
 		p.RetryDelaysMs[i], p.Replies[i] = d.delay.Milliseconds(), d.reply
-		if c.replyRequested && (d.status == StatusProcessed || d.status == StatusDead) {
-			ended = append(ended, c.msg.MessageID)
+		if d.status == StatusProcessed || d.status == StatusDead {
+			requests = append(requests, c.replyRequests...)
 		}
 		w.logDecision(ctx, c)
 	}
@@ -158,8 +165,8 @@ func (w *Worker) complete(ctx context.Context, tx pgx.Tx, batch []claimed) error
 	}
 	// The requesters of the messages that ended are answered in the same
 	// transaction: the reply commits with the result it carries.
-	if len(ended) > 0 {
-		if _, err := w.queries.InboxReplyAnswerEnded(ctx, tx, ended); err != nil {
+	if len(requests) > 0 {
+		if _, err := w.queries.InboxReplyAnswer(ctx, tx, requests); err != nil {
 			return fmt.Errorf("queue replies: %w", err)
 		}
 	}

@@ -3,6 +3,7 @@ package inbox
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -45,4 +46,23 @@ func TestDecide(t *testing.T) {
 		c := &claimed{msg: Message{Attempt: tc.attempt}, outcome: Outcome{Err: tc.err}, givenUp: tc.givenUp}
 		require.Equal(t, tc.want, decide(cfg, c).status, name)
 	}
+}
+
+// A reply the handler gives is kept only as a JSON object that jsonb takes,
+// so that no reply can fail the statement that records a whole batch.
+func TestReplyObject(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{`{"outcome":"confirmed"}`, `{"outcome":"confirmed"}`},
+		{` {"b":1, "a":"x"} `, `{"a":"x","b":1}`},
+		{`{"s":"\ud800"}`, "{\"s\":\"\ufffd\"}"}, // a lone surrogate: jsonb refuses it
+		{`{"n":1e1001}`, ``},                     // beyond float64: dropped
+		{`{"s":"a\u0000b"}`, ``},                 // jsonb refuses NUL
+		{`["not", "an", "object"]`, ``},
+		{`null`, ``},
+		{`{"broken":`, ``},
+		{``, ``},
+	} {
+		require.Equal(t, tc.want, replyObject([]byte(tc.in)), tc.in)
+	}
+	require.Empty(t, replyObject([]byte(`{"s":"`+strings.Repeat("x", 5000)+`"}`)), "over 4 KiB")
 }

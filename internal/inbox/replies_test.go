@@ -38,7 +38,9 @@ func TestARequestStoredWhileItsMessageIsHandledIsAnswered(t *testing.T) {
 	defer func() { _ = handling.Rollback(ctx) }()
 	_, err = handling.Exec(ctx, `UPDATE inbox SET status = 'processed', result = 'done', reply = '{"outcome":"done"}' WHERE message_id = 'm-0'`)
 	require.NoError(t, err)
-	queued, err := dbsqlc.New().InboxReplyAnswerEnded(ctx, handling, []string{"m-0"})
+	var seen []int64 // the requests the batch's lock found
+	require.NoError(t, handling.QueryRow(ctx, `SELECT array(SELECT id FROM inbox_reply_requests WHERE message_id = 'm-0')`).Scan(&seen))
+	queued, err := dbsqlc.New().InboxReplyAnswer(ctx, handling, seen)
 	require.NoError(t, err)
 	require.Zero(t, queued)
 	require.NoError(t, handling.Commit(ctx))

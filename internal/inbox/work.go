@@ -106,7 +106,7 @@ func (w *Worker) claimedBatch(ctx context.Context, rows []dbsqlc.InboxLockClaime
 			Attempt:    int(r.Attempts),
 			ReceivedAt: r.ReceivedAt,
 			Replay:     r.ReplayRequested,
-		}, replyRequested: r.ReplyRequested}
+		}, replyRequests: r.ReplyRequestIds}
 		m := &c.msg
 		_, m.span = w.cfg.Tracer.StartProcess(ctx, sourceQueue, tracing.Message{
 			ID: m.MessageID, Type: m.Type, Attempt: m.Attempt, Replay: m.Replay,

@@ -34,6 +34,9 @@ const (
 	// RowsUndeliverable are replies that ended undeliverable (their
 	// requester was gone), deleted after the dead retention.
 	RowsUndeliverable = "undeliverable"
+	// RowsReplyRequests are reply requests past the dead retention whose
+	// message left without them (they leave with their message).
+	RowsReplyRequests = "reply_requests"
 )
 
 // Defaults of Config, and of the retentions inboxd passes.
@@ -179,6 +182,9 @@ func (j *Janitor) RunOnce(ctx context.Context) (Result, error) {
 		{RowsUndeliverable, func(ctx context.Context) (int64, error) {
 			return j.queries.JanitorDeleteUndeliverable(ctx, j.pool, dbsqlc.JanitorDeleteUndeliverableParams{OlderThanSeconds: dead, MaxRows: limit})
 		}},
+		{RowsReplyRequests, func(ctx context.Context) (int64, error) {
+			return j.queries.JanitorDeleteReplyRequests(ctx, j.pool, dbsqlc.JanitorDeleteReplyRequestsParams{OlderThanSeconds: dead, MaxRows: limit})
+		}},
 	}
 	res := Result{}
 	started := time.Now()
@@ -208,11 +214,11 @@ func (j *Janitor) RunOnce(ctx context.Context) (Result, error) {
 	if ctx.Err() != nil {
 		return res, ctx.Err()
 	}
-	if res[RowsProcessed]+res[RowsDead]+res[RowsPublished]+res[RowsConflicts]+res[RowsUndeliverable] > 0 {
+	if res[RowsProcessed]+res[RowsDead]+res[RowsPublished]+res[RowsConflicts]+res[RowsUndeliverable]+res[RowsReplyRequests] > 0 {
 		j.logger.Info("cleanup done",
 			slog.Int64("processed", res[RowsProcessed]), slog.Int64("dead", res[RowsDead]),
 			slog.Int64("published", res[RowsPublished]), slog.Int64("conflicts", res[RowsConflicts]),
-			slog.Int64("undeliverable", res[RowsUndeliverable]),
+			slog.Int64("undeliverable", res[RowsUndeliverable]), slog.Int64("reply_requests", res[RowsReplyRequests]),
 			slog.Duration("took", time.Since(started)))
 	}
 	return res, nil

@@ -95,6 +95,10 @@ func TestJanitorDeletesOnlyWhatIsPastItsRetention(t *testing.T) {
 	exec(t, db.Pool, `
 		INSERT INTO inbox_reply_requests (message_id, reply_to)
 		VALUES ('processed-old', 'requester'), ('pending-old', 'requester')`)
+	// One whose message left without it goes after the dead retention.
+	exec(t, db.Pool, `
+		INSERT INTO inbox_reply_requests (message_id, reply_to, received_at)
+		VALUES ('gone-long-ago', 'requester', now() - interval '31 days'), ('gone-lately', 'requester', now() - interval '29 days')`)
 	exec(t, db.Pool, `
 		INSERT INTO outbox (idempotency_key, message_id, routing_key, payload, reply_to, created_at, dead_at, last_error)
 		VALUES ('reply:old', 'gone-old', 'reply', '{}', 'gone', now() - interval '32 days', now() - interval '31 days', 'undeliverable'),
@@ -107,9 +111,10 @@ func TestJanitorDeletesOnlyWhatIsPastItsRetention(t *testing.T) {
 	})
 	res, err := j.RunOnce(t.Context())
 	require.NoError(t, err)
-	require.Equal(t, janitor.Result{janitor.RowsProcessed: 1, janitor.RowsDead: 1, janitor.RowsPublished: 1, janitor.RowsConflicts: 1, janitor.RowsUndeliverable: 1}, res)
-	require.Equal(t, map[string]int{janitor.RowsProcessed: 1, janitor.RowsDead: 1, janitor.RowsPublished: 1, janitor.RowsConflicts: 1, janitor.RowsUndeliverable: 1}, observed)
-	require.Equal(t, []string{"pending-old"}, db.Strings(t, "SELECT message_id FROM inbox_reply_requests"), "a request goes with its message")
+	require.Equal(t, janitor.Result{janitor.RowsProcessed: 1, janitor.RowsDead: 1, janitor.RowsPublished: 1, janitor.RowsConflicts: 1, janitor.RowsUndeliverable: 1, janitor.RowsReplyRequests: 1}, res)
+	require.Equal(t, map[string]int{janitor.RowsProcessed: 1, janitor.RowsDead: 1, janitor.RowsPublished: 1, janitor.RowsConflicts: 1, janitor.RowsUndeliverable: 1, janitor.RowsReplyRequests: 1}, observed)
+	require.Equal(t, []string{"gone-lately", "pending-old"}, db.Strings(t, "SELECT message_id FROM inbox_reply_requests ORDER BY 1"),
+		"a request goes with its message, or after the dead retention")
 	require.Equal(t, []string{"reply:1:0", "reply:young"},
 		db.Strings(t, "SELECT idempotency_key FROM outbox WHERE reply_to IS NOT NULL ORDER BY 1"),
 		"the reply processed-old's request was answered with stays to be sent; the undeliverable one past its retention goes")
@@ -124,7 +129,7 @@ func TestJanitorDeletesOnlyWhatIsPastItsRetention(t *testing.T) {
 
 	res, err = j.RunOnce(t.Context())
 	require.NoError(t, err)
-	require.Equal(t, janitor.Result{janitor.RowsProcessed: 0, janitor.RowsDead: 0, janitor.RowsPublished: 0, janitor.RowsConflicts: 0, janitor.RowsUndeliverable: 0}, res)
+	require.Equal(t, janitor.Result{janitor.RowsProcessed: 0, janitor.RowsDead: 0, janitor.RowsPublished: 0, janitor.RowsConflicts: 0, janitor.RowsUndeliverable: 0, janitor.RowsReplyRequests: 0}, res)
 }
 
 func TestJanitorConfig(t *testing.T) {
