@@ -83,3 +83,32 @@ func TestARedeliveredRequestIsStoredOnce(t *testing.T) {
 	store(false)
 	require.Equal(t, 2, b.db.Int(t, "SELECT count(*) FROM inbox_reply_requests"))
 }
+
+// However many requests wait for their message, the workers' pass for the
+// requests left unanswered looks at a bounded slice each time and goes on
+// from where it stopped: one left behind 10,001 waiting requests is
+// answered at the second pass.
+func TestTheSweepGoesOnPastWaitingRequests(t *testing.T) {
+	t.Parallel()
+	b := setupWorker(t)
+	insertMessages(t, b.db.Pool, 2)
+	exec := func(sql string) {
+		t.Helper()
+		_, err := b.db.Pool.Exec(context.WithoutCancel(t.Context()), sql)
+		require.NoError(t, err)
+	}
+	// m-0 waits (a retry an hour away) with 10,001 requests.
+	exec(`UPDATE inbox SET next_attempt_at = now() + interval '1 hour' WHERE message_id = 'm-0'`)
+	exec(`INSERT INTO inbox_reply_requests (message_id, reply_to) SELECT 'm-0', 'requester' FROM generate_series(1, 10001)`)
+	// m-1's request was stored while it was being handled: unanswered.
+	exec(`INSERT INTO inbox_reply_requests (message_id, reply_to, correlation_id) VALUES ('m-1', 'requester', 'c-1')`)
+	exec(`UPDATE inbox SET status = 'processed', result = 'done' WHERE message_id = 'm-1'`)
+
+	w := b.newWorker(t, b.db.Pool, inbox.WorkerConfig{})
+	_, err := w.RunOnce(t.Context())
+	require.NoError(t, err)
+	require.Zero(t, b.db.Int(t, "SELECT count(*) FROM outbox"), "the first pass saw only waiting requests")
+	_, err = w.RunOnce(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, []string{"c-1"}, b.db.Strings(t, "SELECT correlation_id FROM outbox"), "the second went on past them")
+}

@@ -255,6 +255,10 @@ func TestStatusPageCountsReplies(t *testing.T) {
 	require.Equal(t, before.Outbox.Dead, o.Outbox.Dead, "a reply is not a dead event")
 	require.Equal(t, before.Outbox.Unpublished, o.Outbox.Unpublished, "nor an event backlog")
 	require.Equal(t, before.NeedsAttention(), o.NeedsAttention(), "replies need no person")
+	replies := *o.Outbox // the replies' counts, and no dead event
+	replies.Dead = 0
+	quiet := &statuspage.Overview{Database: statuspage.Database{Reachable: true}, Outbox: &replies, Inbox: &statuspage.InboxNow{}}
+	require.False(t, quiet.NeedsAttention(), "undeliverable replies alone ask for no one")
 	status, body := get(t, b.server.URL+"/")
 	require.Equal(t, http.StatusOK, status)
 	require.Contains(t, body, `<span data-metric="replies_undeliverable">1</span>`)
