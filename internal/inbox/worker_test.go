@@ -564,9 +564,13 @@ func TestWorkerHandlerTimeout(t *testing.T) {
 	b := setupWorker(t)
 	insertMessages(t, b.db.Pool, 3)
 	inner := b.handler
+	// Long enough that the others' shares of what is left (a third each,
+	// once m-1 has used half) hold their statements on a loaded machine:
+	// with 200 ms, a share of 33 ms ran out inside m-0's insert once in CI,
+	// and this pool closes the connection on a context that ends in a query.
 	w, err := inbox.NewWorker(b.db.Pool, &inbox.WorkerConfig{
 		Logger:         testenv.Logger(t),
-		HandlerTimeout: 200 * time.Millisecond,
+		HandlerTimeout: 2 * time.Second,
 		RetryBase:      time.Hour,
 		RetryMax:       time.Hour,
 		Handler: handlerFunc(func(ctx context.Context, tx pgx.Tx, msgs []inbox.Message) ([]inbox.Outcome, error) {
