@@ -65,6 +65,11 @@ ALTER TABLE outbox
 -- transaction that ends messages (InboxReplyAnswer) and its sweep
 -- (InboxReplyAnswerLeft).
 --
+-- A request another session holds is skipped, never waited for: the
+-- handler's transaction must not wait on someone else's lock. Left
+-- unanswered, it is answered by the workers' next pass once free
+-- (InboxReplyAnswerLeft).
+--
 -- Its statement is planned at each call, for the tables as they are: a
 -- plan PL/pgSQL cached while the tables were small (a sequential scan) is
 -- never replanned on a server that does not analyze them, and was seen to
@@ -91,7 +96,7 @@ BEGIN
           AND i.status IN ('processed', 'dead')
           AND r.answered_run IS DISTINCT FROM i.replay_count
         ORDER BY r.id
-        FOR UPDATE OF r
+        FOR UPDATE OF r SKIP LOCKED
     ), answered AS (
         UPDATE inbox_reply_requests r
         SET answered_run = due.run, answered_at = statement_timestamp()

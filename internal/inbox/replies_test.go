@@ -3,6 +3,7 @@ package inbox_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -111,4 +112,36 @@ func TestTheSweepGoesOnPastWaitingRequests(t *testing.T) {
 	_, err = w.RunOnce(t.Context())
 	require.NoError(t, err)
 	require.Equal(t, []string{"c-1"}, b.db.Strings(t, "SELECT correlation_id FROM outbox"), "the second went on past them")
+}
+
+// A reply request another session holds (the schema's owner's open
+// transaction) stalls nothing: the batch that ends its message commits at
+// once without it, and the request is answered once it is free.
+func TestAHeldRequestStallsNothing(t *testing.T) {
+	t.Parallel()
+	b := setupWorker(t)
+	insertMessages(t, b.db.Pool, 2)
+	ctx := context.WithoutCancel(t.Context())
+	_, err := b.db.Pool.Exec(ctx, `INSERT INTO inbox_reply_requests (message_id, reply_to, correlation_id)
+		VALUES ('m-0', 'requester', 'c-held'), ('m-1', 'requester', 'c-free')`)
+	require.NoError(t, err)
+	holder, err := b.db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = holder.Rollback(ctx) }()
+	_, err = holder.Exec(ctx, `SELECT 1 FROM inbox_reply_requests WHERE correlation_id = 'c-held' FOR UPDATE`)
+	require.NoError(t, err)
+
+	w := b.newWorker(t, b.db.Pool, inbox.WorkerConfig{})
+	runCtx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	n, err := w.RunOnce(runCtx)
+	require.NoError(t, err, "the batch did not wait for the held request")
+	require.Equal(t, 2, n)
+	require.Equal(t, inbox.StatusProcessed, readRow(t, b.db.Pool, "m-0").Status)
+	require.Equal(t, []string{"c-free"}, b.db.Strings(t, "SELECT correlation_id FROM outbox"))
+
+	require.NoError(t, holder.Rollback(ctx))
+	_, err = w.RunOnce(runCtx)
+	require.NoError(t, err)
+	require.Equal(t, []string{"c-free", "c-held"}, b.db.Strings(t, "SELECT correlation_id FROM outbox ORDER BY 1"))
 }
