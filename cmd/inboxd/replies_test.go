@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -316,4 +317,43 @@ func TestEveryRequestIsAnsweredAcrossSIGKILL(t *testing.T) {
 	}
 	require.Equal(t, orders, b.count(t, "SELECT count(*) FROM order_confirmations"))
 	require.Equal(t, 2*orders, b.count(t, "SELECT count(*) FROM outbox WHERE reply_to IS NULL"), "no second effect")
+}
+
+// The edges of what the contract takes: a message id, a reply queue name
+// and a correlation id of 255 bytes each get their reply; a reply_to that
+// PostgreSQL's text cannot hold (a NUL byte) is logged, and its message is
+// stored and handled as usual, without a reply.
+func TestRepliesAtTheEdges(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	p := startProcess(t, serviceEnv(b.db, b.broker))
+
+	conn, err := amqp.Dial(b.broker.URL)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = conn.Close() })
+	ch, err := conn.Channel()
+	require.NoError(t, err)
+	queue := strings.Repeat("q", 255)
+	_, err = ch.QueueDeclare(queue, false, true, false, false, nil)
+	require.NoError(t, err)
+	replies, err := ch.Consume(queue, "", true, false, false, false, nil)
+	require.NoError(t, err)
+	req := &requester{ch: ch, replyTo: queue, replies: replies}
+	require.NoError(t, ch.Confirm(false))
+
+	longID, longCorrelation := strings.Repeat("m", 255), strings.Repeat("c", 255)
+	req.request(t, longID, "order.created", longCorrelation, loadgen.OrderCreatedBody("o-long", 1))
+	r := req.receive(t, 1, 30*time.Second)[0]
+	require.Equal(t, longCorrelation, r.correlationID)
+	require.Equal(t, longID, r.body["messageId"])
+	require.Equal(t, "confirmed", r.body["outcome"], r.raw)
+
+	req.replyTo = "bad\x00queue"
+	req.request(t, "m-bad-reply-to", "order.created", "c-bad", loadgen.OrderCreatedBody("o-bad-reply-to", 1))
+	b.waitDrained(t, 2, 30*time.Second)
+	require.Equal(t, "processed", b.status(t, "m-bad-reply-to"), "the message is handled as usual")
+	require.Zero(t, b.count(t, "SELECT count(*) FROM inbox_reply_requests WHERE message_id = 'm-bad-reply-to'"))
+	require.Eventually(t, func() bool { return p.logContains("reply_to or correlation_id is not text PostgreSQL can store") },
+		10*time.Second, 50*time.Millisecond, "the refused request is logged")
+	req.requireNoMoreReplies(t, 500*time.Millisecond)
 }

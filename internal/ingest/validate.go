@@ -97,7 +97,7 @@ func (i *Ingest) replyRequest(d amqp.Delivery, id string) (replyTo, correlationI
 		return "", ""
 	}
 	if msgid.Check(d.ReplyTo) != nil || (d.CorrelationId != "" && msgid.Check(d.CorrelationId) != nil) {
-		i.logger.Warn("reply_to or correlation_id is not valid UTF-8 text: the message is stored, no reply will be sent",
+		i.logger.Warn("reply_to or correlation_id is not text PostgreSQL can store (invalid UTF-8, or a NUL byte): the message is stored, no reply will be sent",
 			slog.String("message_id", id))
 		return "", ""
 	}
