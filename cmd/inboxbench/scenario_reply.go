@@ -112,32 +112,15 @@ func newBenchRequester(amqpURL string) (*benchRequester, error) {
 
 func (q *benchRequester) close() { _ = q.conn.Close() }
 
-// publishPaced publishes msgs at rate per second, in ticks of 10 ms, as
-// requests, and returns when each was sent.
+// publishPaced publishes msgs at rate per second as requests, and returns
+// when each was sent.
 func (q *benchRequester) publishPaced(ctx context.Context, msgs []loadgen.Message, rate float64) (map[string]time.Time, error) {
-	p := &broker.Publisher{Ch: q.ch}
-	sent := make(map[string]time.Time, len(msgs))
-	start := time.Now()
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for next := 0; next < len(msgs); {
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-tick.C:
+	return pace(ctx, q.ch, msgs, rate, func(m loadgen.Message) amqp.Publishing {
+		return amqp.Publishing{
+			ContentType: "application/json", DeliveryMode: amqp.Persistent, MessageId: m.MessageID, Body: m.Body,
+			ReplyTo: "amq.rabbitmq.reply-to", CorrelationId: m.MessageID,
 		}
-		for due := min(len(msgs), int(time.Since(start).Seconds()*rate)); next < due; next++ {
-			m := msgs[next]
-			sent[m.MessageID] = time.Now()
-			if err := p.Publish(ctx, broker.ExchangeOrders, m.RoutingKey, false, amqp.Publishing{
-				ContentType: "application/json", DeliveryMode: amqp.Persistent, MessageId: m.MessageID, Body: m.Body,
-				ReplyTo: "amq.rabbitmq.reply-to", CorrelationId: m.MessageID,
-			}); err != nil {
-				return nil, err
-			}
-		}
-	}
-	return sent, p.Wait(ctx)
+	})
 }
 
 // wait waits until n replies have arrived, or timeout, and returns when

@@ -264,27 +264,31 @@ func publishPaced(ctx context.Context, amqpURL string, msgs []loadgen.Message, r
 	if err := ch.Confirm(false); err != nil {
 		return nil, err
 	}
-	// No window: confirms are waited for at the end, so that waiting never
-	// delays a publish past its time.
+	return pace(ctx, ch, msgs, rate, func(m loadgen.Message) amqp.Publishing {
+		return amqp.Publishing{ContentType: "application/json", DeliveryMode: amqp.Persistent, MessageId: m.MessageID, Body: m.Body}
+	})
+}
+
+// pace publishes msgs to broker.ExchangeOrders on ch, in confirm mode, at
+// rate per second in ticks of 10 ms, each as publishing makes it, and
+// returns when each was sent. Confirms are waited for at the end, so that
+// waiting never delays a publish past its time.
+func pace(ctx context.Context, ch *amqp.Channel, msgs []loadgen.Message, rate float64, publishing func(loadgen.Message) amqp.Publishing) (map[string]time.Time, error) {
 	p := &broker.Publisher{Ch: ch}
 	sent := make(map[string]time.Time, len(msgs))
 	start := time.Now()
 	tick := time.NewTicker(10 * time.Millisecond)
 	defer tick.Stop()
-	next := 0
-	for next < len(msgs) {
+	for next := 0; next < len(msgs); {
 		select {
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		case <-tick.C:
 		}
-		due := min(len(msgs), int(time.Since(start).Seconds()*rate))
-		for ; next < due; next++ {
+		for due := min(len(msgs), int(time.Since(start).Seconds()*rate)); next < due; next++ {
 			m := msgs[next]
 			sent[m.MessageID] = time.Now()
-			if err := p.Publish(ctx, broker.ExchangeOrders, m.RoutingKey, false, amqp.Publishing{
-				ContentType: "application/json", DeliveryMode: amqp.Persistent, MessageId: m.MessageID, Body: m.Body,
-			}); err != nil {
+			if err := p.Publish(ctx, broker.ExchangeOrders, m.RoutingKey, false, publishing(m)); err != nil {
 				return nil, err
 			}
 		}
