@@ -17,9 +17,10 @@ const answerLeftScan = 10_000
 // answerLeft answers the reply requests that neither the handler's
 // transaction nor ingest's statement answered: a copy stored while its
 // message was being handled (after the batch locked it) is seen by
-// neither. Every other request is answered where it is stored or where its
-// message ends (see migration 00021); this is the rule's one gap, closed
-// within a few poll intervals. Each pass looks at up to answerLeftScan
+// neither, and one another session held when its message ended was
+// skipped. Every other request is answered where it is stored or where its
+// message ends (see migration 00021); these gaps close within a few poll
+// intervals. Each pass looks at up to answerLeftScan
 // unanswered requests, going on from where the last pass stopped. It
 // returns how many replies it queued.
 func (w *Worker) answerLeft(ctx context.Context) (int, error) {
