@@ -58,6 +58,7 @@ type config struct {
 	pollInterval     time.Duration
 	handlerTimeout   time.Duration
 	maxAttempts      int
+	partitions       int
 	retryBase        time.Duration
 	retryMax         time.Duration
 	claimLease       time.Duration
@@ -107,6 +108,7 @@ func (c *config) settings() []setting {
 		{name: "INBOX_MIGRATE", def: "true", doc: "serve applies the migrations at start", apply: boolVar(&c.migrate)},
 		{name: "INBOX_MIGRATE_LOCK_TIMEOUT", def: migrate.LockTimeoutDefault.String(), doc: "lock_timeout of the migration session (which has no statement_timeout): how long a migration waits for a lock before it fails", apply: durationVar(&c.migrateLockTimeout, time.Millisecond)},
 		{name: "INBOX_QUEUE_TYPE", def: broker.QueueTypeQuorum, doc: "type of the declared queues: quorum or classic", apply: oneOf(&c.queueType, broker.QueueTypeQuorum, broker.QueueTypeClassic)},
+		{name: "INBOX_PARTITIONS", def: "1", doc: "number of inbox queues, 1 to 64: with more than 1, a consistent-hash exchange spreads the orders over them by the x-order-id header, each replica consumes them all and the active consumers spread over the replicas (needs the rabbitmq_consistent_hash_exchange plugin; see \"Partitioned ingest\" and \"Changing INBOX_PARTITIONS\")", apply: intVar(&c.partitions, 1, broker.MaxPartitions)},
 		{name: "INBOX_INGEST_BATCH_SIZE", def: strconv.Itoa(ingest.BatchSizeDefault), doc: "most deliveries stored per insert", apply: intVar(&c.ingestBatchSize, 1, 10000)},
 		{name: "INBOX_INGEST_LINGER", def: durationString(ingest.LingerDefault), doc: "how long a batch that is not full waits for more deliveries", apply: durationVar(&c.ingestLinger, time.Microsecond)},
 		{name: "INBOX_INGEST_MAX_INFLIGHT_BYTES", def: strconv.Itoa(ingest.MaxInflightBytesDefault), doc: "bound on the message bodies ingest holds unacknowledged; sizes INBOX_PREFETCH (set the broker's max_message_size to INBOX_MAX_MESSAGE_BYTES for it to hold)", apply: intVar(&c.maxInflightBytes, 1, 1<<40)},

@@ -38,7 +38,7 @@ func main() {
 }
 
 // errUsage is returned for a command line inboxd does not understand.
-var errUsage = errors.New("usage: inboxd migrate|serve|redeliver-unroutable|healthcheck|help")
+var errUsage = errors.New("usage: inboxd migrate|serve|redeliver-unroutable|repartition|healthcheck|help")
 
 // run is inboxd without the process around it: tests call it directly.
 // Neither its error nor its log holds a password of DATABASE_URL or
@@ -65,7 +65,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 			addr = HTTPAddrDefault
 		}
 		return healthcheck(ctx, addr)
-	case "migrate", "serve", "redeliver-unroutable":
+	case "migrate", "serve", "redeliver-unroutable", "repartition":
 	default:
 		return errUsage
 	}
@@ -94,6 +94,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		}
 		fmt.Fprintf(stdout, "redelivered %d events from %s; %d wait there still (no binding takes them yet)\n", moved, broker.QueueUnroutable, left)
 		return nil
+	case "repartition":
+		return repartition(ctx, cfg, logger, stdout)
 	}
 	tp, err := tracing.Setup(ctx, getenv, logger, buildName(), inbox.DefaultProcessName())
 	if err != nil {
@@ -131,6 +133,11 @@ Commands:
             move the events waiting in order-confirmation.unroutable back to
             order-confirmation.events, under their message ids (after binding
             the queues that were missing)
+  repartition
+            with every replica stopped, route the orders exchange to the
+            inbox queues of INBOX_PARTITIONS, store what waits in the queues
+            of the former layout and delete them; then start the replicas
+            with the new INBOX_PARTITIONS (README: "Changing INBOX_PARTITIONS")
   healthcheck
             GET /readyz on HTTP_ADDR (0.0.0.0 is asked on 127.0.0.1) and exit
             0 only on 200: a container's healthcheck

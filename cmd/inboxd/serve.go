@@ -140,7 +140,9 @@ func prepare(ctx context.Context, cfg *config, logger *slog.Logger) error {
 	}
 	// A broker that is down is waited for in the background; a topology
 	// that this build cannot use is not.
-	if err := broker.Declare(cfg.amqpURL, cfg.queueType); errors.Is(err, broker.ErrInboxQueueOutdated) || errors.Is(err, broker.ErrEventsExchangeOutdated) {
+	var conflict *broker.LayoutConflictError
+	err := broker.Declare(cfg.amqpURL, broker.Topology{QueueType: cfg.queueType, Partitions: cfg.partitions})
+	if errors.Is(err, broker.ErrInboxQueueOutdated) || errors.Is(err, broker.ErrEventsExchangeOutdated) || errors.As(err, &conflict) {
 		return err
 	} else if err != nil {
 		logger.Warn("broker not reachable at start, connecting in the background", slog.String("error", err.Error()))

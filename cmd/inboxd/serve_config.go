@@ -75,6 +75,7 @@ func ingestConfig(cfg *config, d pipelineDeps) *ingest.Config {
 		Logger:                 d.logger,
 		ConnectionName:         "inboxd ingest " + d.process,
 		QueueType:              cfg.queueType,
+		Partitions:             cfg.partitions,
 		BatchSize:              cfg.ingestBatchSize,
 		Linger:                 cfg.ingestLinger,
 		Prefetch:               cfg.prefetch,

@@ -53,7 +53,8 @@ const (
 	QueueTypeClassic = "classic"
 )
 
-// inboxRoutingKeys are the routing keys that bind QueueInbox to ExchangeOrders.
+// inboxRoutingKeys are the routing keys that bind the inbox layout (QueueInbox,
+// or a partitioned layout's exchange) to ExchangeOrders.
 var inboxRoutingKeys = []string{"order.created", "order.cancelled"}
 
 // ErrInboxQueueOutdated is returned by DeclareTopology when QueueInbox exists
@@ -71,17 +72,12 @@ var ErrEventsExchangeOutdated = errors.New("exchange " + ExchangeEvents + " was 
 	"so events no queue is bound for would be dropped; RabbitMQ cannot add the argument in place: " +
 	"follow the README's \"Upgrading the events exchange\"")
 
-// DeclareTopology declares the contract's exchanges, queues and bindings. It
-// is idempotent, so every process does it at every (re)connection. A queue
-// that already exists with other arguments (another queue type, say) fails
-// with a PRECONDITION_FAILED channel error; QueueInbox without single active
-// consumer with ErrInboxQueueOutdated.
-//
-// QueueInbox has a single active consumer: however many processes consume
-// it, the broker delivers to one at a time, so the inbox stores the queue's
-// messages in the queue's order. The others stand by and take over, after
-// the messages their predecessor left unacknowledged, when it goes.
-func DeclareTopology(ch *amqp.Channel, queueType string) error {
+// DeclareShared declares the contract's exchanges and queues other than the
+// inbox queues: the orders, dead-letter, events and unroutable exchanges and
+// the dead and unroutable queues. It is idempotent, so every process does it
+// at every (re)connection. A queue that already exists with other arguments
+// (another queue type, say) fails with a PRECONDITION_FAILED channel error.
+func DeclareShared(ch *amqp.Channel, queueType string) error {
 	for _, ex := range []string{ExchangeOrders, ExchangeDeadLetter} {
 		if err := ch.ExchangeDeclare(ex, amqp.ExchangeTopic, true, false, false, false, nil); err != nil {
 			return fmt.Errorf("declare exchange %q: %w", ex, err)
@@ -102,32 +98,60 @@ func DeclareTopology(ch *amqp.Channel, queueType string) error {
 	} else if err != nil {
 		return fmt.Errorf("declare exchange %q: %w", ExchangeEvents, err)
 	}
-	queueArgs := amqp.Table{amqp.QueueTypeArg: queueType}
-	if _, err := ch.QueueDeclare(QueueDead, true, false, false, false, queueArgs); err != nil {
+	if _, err := ch.QueueDeclare(QueueDead, true, false, false, false, amqp.Table{amqp.QueueTypeArg: queueType}); err != nil {
 		return fmt.Errorf("declare queue %q: %w", QueueDead, err)
 	}
 	if err := ch.QueueBind(QueueDead, "#", ExchangeDeadLetter, false, nil); err != nil {
 		return fmt.Errorf("bind queue %q: %w", QueueDead, err)
 	}
-	inboxArgs := amqp.Table{
+	return nil
+}
+
+// DeclareTopology declares the whole contract: DeclareShared's part, then
+// the inbox queues of t's layout (see Topology) and their bindings. Another
+// layout found on the broker (INBOX_PARTITIONS changed) is then unbound from
+// ExchangeOrders when its queues are empty and unconsumed (they are left,
+// empty), and refused with a *LayoutConflictError, before anything is
+// declared, when they are not. An inbox queue that exists without single
+// active consumer fails with ErrInboxQueueOutdated.
+//
+// Each inbox queue has a single active consumer: however many processes
+// consume it, the broker delivers to one at a time, so the inbox stores the
+// queue's messages in the queue's order. The others stand by and take over,
+// after the messages their predecessor left unacknowledged, when it goes.
+func DeclareTopology(conn *amqp.Connection, t Topology) error {
+	ch, err := conn.Channel()
+	if err != nil {
+		return fmt.Errorf("open channel: %w", err)
+	}
+	defer func() { _ = ch.Close() }()
+	if err := DeclareShared(ch, t.QueueType); err != nil {
+		return err
+	}
+	others, err := idleOtherLayouts(conn, t.Partitions)
+	if err != nil {
+		return err
+	}
+	if err := declareLayout(ch, t); err != nil {
+		return err
+	}
+	for _, n := range others {
+		if err := UnbindLayout(conn, n); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// inboxArgs are the arguments of every inbox queue.
+func inboxArgs(queueType string) amqp.Table {
+	return amqp.Table{
 		amqp.QueueTypeArg: queueType,
 		// Whatever the broker itself dead-letters (a delivery limit set by an
 		// operator's policy, say) lands in the dead queue too.
 		"x-dead-letter-exchange":   ExchangeDeadLetter,
 		"x-single-active-consumer": true,
 	}
-	if _, err := ch.QueueDeclare(QueueInbox, true, false, false, false, inboxArgs); err != nil {
-		if isInequivalent(err, "x-single-active-consumer") {
-			return ErrInboxQueueOutdated
-		}
-		return fmt.Errorf("declare queue %q: %w", QueueInbox, err)
-	}
-	for _, key := range inboxRoutingKeys {
-		if err := ch.QueueBind(QueueInbox, key, ExchangeOrders, false, nil); err != nil {
-			return fmt.Errorf("bind queue %q to %q: %w", QueueInbox, key, err)
-		}
-	}
-	return nil
 }
 
 // isInequivalent reports whether err is the broker refusing a declaration
@@ -160,17 +184,13 @@ func DrainReturns(returns <-chan amqp.Return) []amqp.Return {
 
 // Declare connects to the broker at url, declares the topology with
 // DeclareTopology and disconnects.
-func Declare(url, queueType string) error {
+func Declare(url string, t Topology) error {
 	conn, err := Dial(url, "inboxd topology", 0)
 	if err != nil {
 		return err
 	}
 	defer func() { _ = conn.Close() }()
-	ch, err := conn.Channel()
-	if err != nil {
-		return fmt.Errorf("open channel: %w", err)
-	}
-	return DeclareTopology(ch, queueType)
+	return DeclareTopology(conn, t)
 }
 
 // RedeliverUnroutable moves the events waiting in QueueUnroutable back to

@@ -7,15 +7,15 @@ import (
 	"log/slog"
 	"time"
 
-	amqp "github.com/rabbitmq/amqp091-go"
-
-	"github.com/orderconfirm/inboxd/internal/broker"
 	"github.com/orderconfirm/inboxd/internal/tracing"
+	amqp "github.com/rabbitmq/amqp091-go"
 )
 
 // batch accumulates deliveries of one channel until they are flushed.
 type batch struct {
-	ch         *amqp.Channel
+	ch *amqp.Channel
+	// queue is the inbox queue the channel consumes.
+	queue      string
 	deliveries []amqp.Delivery
 	bytes      int // of the deliveries' bodies
 	// stopping is closed when the session ends: a failing store is then not
@@ -50,7 +50,7 @@ func (b *batch) abandoned() bool {
 // until the channel fails or sessCtx ends. Batches are stored one after the
 // other, each after the one before it has committed, so that the inbox's ids
 // follow the order in which the broker delivered the messages.
-func (i *Ingest) collect(sessCtx, workCtx context.Context, in inbound, b *batch, dl *deadLetters) error {
+func (i *Ingest) collect(sessCtx, workCtx context.Context, in inbound, b *batch, dl *deadLetters, p *partition) error {
 	linger := time.NewTimer(time.Hour)
 	linger.Stop()
 	defer linger.Stop()
@@ -69,6 +69,7 @@ func (i *Ingest) collect(sessCtx, workCtx context.Context, in inbound, b *batch,
 			if !ok {
 				return channelError(in.closed, "delivery channel closed")
 			}
+			p.activeSince.CompareAndSwap(0, time.Now().UnixNano())
 			b.add(d)
 			if len(b.deliveries) == 1 {
 				linger.Reset(i.cfg.Linger)
@@ -94,6 +95,12 @@ func (i *Ingest) collect(sessCtx, workCtx context.Context, in inbound, b *batch,
 			// cancel it would pick the next consumer at once, which could
 			// store newer messages of an order before these.
 			return i.flush(workCtx, b, dl)
+		case <-p.yield:
+			// The same, handing the queue to a standby replica.
+			if err := i.flush(workCtx, b, dl); err != nil {
+				return err
+			}
+			return errYielded
 		}
 	}
 }
@@ -101,11 +108,18 @@ func (i *Ingest) collect(sessCtx, workCtx context.Context, in inbound, b *batch,
 // due reports whether b, last added, is to be stored at once without
 // lingering: when full, when it holds half of what the broker may send
 // ahead (the other half keeps coming while it is stored), when its bodies
-// reach half the budget, or when it holds a body over the limit
+// reach half its partition's share of the budget, or when it holds a body over the limit
 // (dead-lettered, and so released, at once).
 func (i *Ingest) due(b *batch, last amqp.Delivery) bool {
-	return len(b.deliveries) >= min(i.cfg.BatchSize, max(i.cfg.Prefetch/2, 1)) ||
-		b.bytes >= i.cfg.MaxInflightBytes/2 || len(last.Body) > i.cfg.MaxMessageBytes
+	return len(b.deliveries) >= min(i.cfg.BatchSize, max(i.prefetch()/2, 1)) ||
+		b.bytes >= i.cfg.MaxInflightBytes/i.cfg.Partitions/2 || len(last.Body) > i.cfg.MaxMessageBytes
+}
+
+// prefetch is each inbox queue's share of Config.Prefetch: however many
+// partitions one replica is active on, the bodies it holds stay within
+// Config.MaxInflightBytes.
+func (i *Ingest) prefetch() int {
+	return max(i.cfg.Prefetch/i.cfg.Partitions, 1)
 }
 
 // flush stores the batch, dead-letters what cannot be stored, and then
@@ -117,7 +131,7 @@ func (i *Ingest) flush(ctx context.Context, b *batch, dl *deadLetters) error {
 		return nil
 	}
 	rows, rejects := i.validate(b.deliveries)
-	ctx, span := i.cfg.Tracer.StartReceive(ctx, broker.QueueInbox, len(b.deliveries), traces(rows))
+	ctx, span := i.cfg.Tracer.StartReceive(ctx, b.queue, len(b.deliveries), traces(rows))
 	defer span.End()
 
 	res, err := i.store.untilDone(ctx, rows, b.abandoned)

@@ -43,6 +43,12 @@ type Config struct {
 	// QueueType is the type of the declared queues, broker.QueueTypeQuorum or
 	// broker.QueueTypeClassic. Defaults to broker.QueueTypeQuorum.
 	QueueType string
+	// Partitions is the number of inbox queues (see broker.Topology), each
+	// consumed on a channel of its own. Defaults to 1. With more than one,
+	// a delivery without broker.HeaderOrderID, or whose header is not its
+	// order key, is dead-lettered: it may sit in another queue than the
+	// rest of its order.
+	Partitions int
 	// BatchSize is the most deliveries stored per insert. Defaults to 500.
 	BatchSize int
 	// Linger is how long a batch that is not full waits for more deliveries
@@ -55,7 +61,8 @@ type Config struct {
 	// MaxInflightBytesDefault (256 MiB).
 	MaxInflightBytes int
 	// Prefetch is the number of unacknowledged deliveries the broker may send
-	// ahead. Defaults to MaxInflightBytes / MaxMessageBytes (256 with the
+	// ahead, shared by the inbox queues (Prefetch/Partitions each, at least
+	// 1). Defaults to MaxInflightBytes / MaxMessageBytes (256 with the
 	// defaults), and at least 1.
 	Prefetch int
 	// MaxMessageBytes is the largest body stored; larger deliveries are
@@ -107,6 +114,7 @@ func (c *Config) withDefaults() (*Config, error) {
 	out.Logger = cmp.Or(out.Logger, slog.Default())
 	out.ConnectionName = cmp.Or(out.ConnectionName, "inboxd ingest")
 	out.QueueType = cmp.Or(out.QueueType, broker.QueueTypeQuorum)
+	out.Partitions = cmp.Or(out.Partitions, 1)
 	out.BatchSize = cmp.Or(out.BatchSize, BatchSizeDefault)
 	out.Linger = cmp.Or(out.Linger, LingerDefault)
 	out.MaxMessageBytes = cmp.Or(out.MaxMessageBytes, MaxMessageBytesDefault)
@@ -120,6 +128,8 @@ func (c *Config) withDefaults() (*Config, error) {
 		return nil, errors.New("ingest: URL is required")
 	case out.QueueType != broker.QueueTypeQuorum && out.QueueType != broker.QueueTypeClassic:
 		return nil, fmt.Errorf("ingest: QueueType must be %q or %q, got %q", broker.QueueTypeQuorum, broker.QueueTypeClassic, out.QueueType)
+	case out.Partitions < 1 || out.Partitions > broker.MaxPartitions:
+		return nil, fmt.Errorf("ingest: Partitions must be 1 to %d, got %d", broker.MaxPartitions, out.Partitions)
 	case out.BatchSize < 1, out.Prefetch < 1, out.MaxMessageBytes < 1, out.MaxInflightBytes < 1:
 		return nil, errors.New("ingest: BatchSize, Prefetch, MaxMessageBytes and MaxInflightBytes must be positive")
 	case out.Linger <= 0, out.Heartbeat <= 0, out.StoreTimeout <= 0:
@@ -128,7 +138,8 @@ func (c *Config) withDefaults() (*Config, error) {
 	return &out, nil
 }
 
-// Ingest is the ingest side of the inbox. It consumes broker.QueueInbox, stores
+// Ingest is the ingest side of the inbox. It consumes the inbox queues
+// (broker.InboxQueues), each on a channel of its own, stores
 // each batch of deliveries with one INSERT ... ON CONFLICT DO NOTHING, and
 // acknowledges the batch only after that insert has committed. Deliveries
 // that cannot be stored (no message id, too large) are published to
@@ -143,7 +154,8 @@ type Ingest struct {
 	logger *slog.Logger
 	store  *store
 
-	consuming atomic.Bool
+	// consuming counts the inbox queues whose consumer is registered.
+	consuming atomic.Int32
 
 	service startstop.Service
 }
@@ -162,10 +174,10 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Ingest, error) {
 	}, nil
 }
 
-// Consuming reports whether the consumer is registered with the broker:
-// receiving, or standing by while another process is the queue's single
-// active consumer.
-func (i *Ingest) Consuming() bool { return i.consuming.Load() }
+// Consuming reports whether a consumer of every inbox queue is registered
+// with the broker: receiving, or standing by while another process is the
+// queue's single active consumer.
+func (i *Ingest) Consuming() bool { return int(i.consuming.Load()) == i.cfg.Partitions }
 
 // Start connects in the background and returns at once.
 func (i *Ingest) Start(ctx context.Context) error {

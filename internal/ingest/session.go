@@ -4,14 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"sync"
+	"time"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/orderconfirm/inboxd/internal/broker"
 )
 
-// session runs one connection: it declares the topology and consumes on one
-// channel until the connection or the channel fails, or until fetchCtx ends.
+// session runs one connection: it declares the topology and consumes each
+// inbox queue on a channel of its own until the connection or a channel
+// fails, or until fetchCtx ends.
 func (i *Ingest) session(fetchCtx, workCtx context.Context) error {
 	conn, err := broker.Dial(i.cfg.URL, i.cfg.ConnectionName, i.cfg.Heartbeat)
 	if err != nil {
@@ -38,16 +42,27 @@ func (i *Ingest) session(fetchCtx, workCtx context.Context) error {
 
 	sessCtx, cancel := context.WithCancelCause(fetchCtx)
 	defer cancel(nil)
-	consumed := make(chan struct{})
-	go func() {
-		defer close(consumed)
-		err := i.consume(sessCtx, workCtx, conn, pubConn)
-		if err == nil && fetchCtx.Err() == nil {
-			err = errors.New("consumer stopped")
-		}
-		cancel(err)
-	}()
-	i.logger.Info("connected to broker")
+	queues := broker.InboxQueues(i.cfg.Partitions)
+	parts := make([]*partition, len(queues))
+	var consumers sync.WaitGroup
+	for n, queue := range queues {
+		parts[n] = &partition{queue: queue, yield: make(chan struct{}, 1)}
+		consumers.Go(func() {
+			err := i.consumeQueue(sessCtx, workCtx, conn, pubConn, parts[n])
+			if err == nil && fetchCtx.Err() == nil {
+				err = errors.New("consumer stopped")
+			}
+			cancel(err)
+		})
+	}
+	if len(parts) > 1 {
+		consumers.Go(func() {
+			if err := i.balance(sessCtx, conn, parts); err != nil {
+				cancel(err)
+			}
+		})
+	}
+	i.logger.Info("connected to broker", slog.Int("partitions", len(parts)))
 	select {
 	case amqpErr := <-connClosed:
 		cancel(closedError("connection", amqpErr))
@@ -55,24 +70,16 @@ func (i *Ingest) session(fetchCtx, workCtx context.Context) error {
 		cancel(closedError("dead-letter connection", amqpErr))
 	case <-sessCtx.Done():
 	}
-	<-consumed
+	consumers.Wait()
 	if fetchCtx.Err() != nil {
 		return nil
 	}
 	return context.Cause(sessCtx)
 }
 
-// declare declares the topology on a channel of its own.
+// declare declares the topology.
 func (i *Ingest) declare(conn *amqp.Connection) error {
-	ch, err := conn.Channel()
-	if err != nil {
-		return fmt.Errorf("open channel: %w", err)
-	}
-	if err := broker.DeclareTopology(ch, i.cfg.QueueType); err != nil {
-		return err
-	}
-	_ = ch.Close()
-	return nil
+	return broker.DeclareTopology(conn, broker.Topology{QueueType: i.cfg.QueueType, Partitions: i.cfg.Partitions})
 }
 
 // inbound is what the consuming channel hands ingest: its deliveries, and
@@ -83,9 +90,42 @@ type inbound struct {
 	cancelled  <-chan string
 }
 
-// consume opens the consuming channel and the dead-letter channel and
-// collects batches until either fails or sessCtx ends.
-func (i *Ingest) consume(sessCtx, workCtx context.Context, conn, pubConn *amqp.Connection) error {
+// yieldPause is how long a partition's consumer stays away after giving
+// the partition up, so that a standby replica's consumer becomes active.
+const yieldPause = time.Second
+
+// consumeQueue consumes p's queue until it fails or sessCtx ends, giving the
+// queue up and consuming it again, as a standby, each time it is told to
+// yield.
+func (i *Ingest) consumeQueue(sessCtx, workCtx context.Context, conn, pubConn *amqp.Connection, p *partition) error {
+	defer func() {
+		if p.counted {
+			i.consuming.Add(-1)
+		}
+	}()
+	for {
+		err := i.consume(sessCtx, workCtx, conn, pubConn, p)
+		if !errors.Is(err, errYielded) {
+			return err
+		}
+		p.activeSince.Store(0)
+		i.logger.Info("gave a partition up to another replica", slog.String("queue", p.queue))
+		select {
+		case <-time.After(yieldPause):
+		case <-sessCtx.Done():
+			return nil
+		}
+		select {
+		case <-p.yield: // asked while away
+		default:
+		}
+	}
+}
+
+// consume opens a consuming channel on p's queue, and a dead-letter channel,
+// and collects batches until either fails, sessCtx ends or p is told to
+// yield (errYielded).
+func (i *Ingest) consume(sessCtx, workCtx context.Context, conn, pubConn *amqp.Connection, p *partition) error {
 	ch, err := conn.Channel()
 	if err != nil {
 		return fmt.Errorf("open channel: %w", err)
@@ -95,7 +135,7 @@ func (i *Ingest) consume(sessCtx, workCtx context.Context, conn, pubConn *amqp.C
 		closed:    ch.NotifyClose(make(chan *amqp.Error, 1)),
 		cancelled: ch.NotifyCancel(make(chan string, 1)),
 	}
-	if err := ch.Qos(i.cfg.Prefetch, 0, false); err != nil {
+	if err := ch.Qos(i.prefetch(), 0, false); err != nil {
 		return fmt.Errorf("set prefetch: %w", err)
 	}
 
@@ -105,15 +145,15 @@ func (i *Ingest) consume(sessCtx, workCtx context.Context, conn, pubConn *amqp.C
 	}
 	defer dl.close()
 
-	tag := i.cfg.ConnectionName
-	in.deliveries, err = ch.Consume(broker.QueueInbox, tag, false, false, false, false, nil)
+	in.deliveries, err = ch.Consume(p.queue, i.cfg.ConnectionName, false, false, false, false, nil)
 	if err != nil {
-		return fmt.Errorf("consume %q: %w", broker.QueueInbox, err)
+		return fmt.Errorf("consume %q: %w", p.queue, err)
 	}
-	i.consuming.Store(true)
-	defer i.consuming.Store(false)
-
-	return i.collect(sessCtx, workCtx, in, &batch{ch: ch, stopping: sessCtx.Done()}, dl)
+	if !p.counted {
+		p.counted = true
+		i.consuming.Add(1)
+	}
+	return i.collect(sessCtx, workCtx, in, &batch{ch: ch, queue: p.queue, stopping: sessCtx.Done()}, dl, p)
 }
 
 // closedError says what closed, and why when the broker said.

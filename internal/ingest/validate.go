@@ -10,6 +10,7 @@ import (
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
+	"github.com/orderconfirm/inboxd/internal/broker"
 	"github.com/orderconfirm/inboxd/internal/msgid"
 	"github.com/orderconfirm/inboxd/internal/tracing"
 )
@@ -84,7 +85,30 @@ func (i *Ingest) classify(d amqp.Delivery) (row, string) {
 			r.orderKey = key
 		}
 	}
+	if i.cfg.Partitions > 1 {
+		if reason := misrouted(d, r.orderKey, i.cfg.Partitions); reason != "" {
+			return row{}, reason
+		}
+	}
 	return r, ""
+}
+
+// misrouted says why a delivery of a partitioned inbox may sit in another
+// queue than the other messages of its order: it has no
+// broker.HeaderOrderID, or one that is not its order key (a body without a
+// readable key is stored, and dies in the handler). Such a delivery is
+// dead-lettered, never stored out of its order's sequence.
+func misrouted(d amqp.Delivery, orderKey string, partitions int) string {
+	header, ok := d.Headers[broker.HeaderOrderID].(string)
+	switch {
+	case !ok:
+		return fmt.Sprintf("no %s header (a string, the order id): with %d inbox partitions the broker hashes it to keep an order's messages in one queue",
+			broker.HeaderOrderID, partitions)
+	case orderKey != "" && header != orderKey:
+		return fmt.Sprintf("%s header %q is not the message's order id %q: with %d inbox partitions the message may sit in another queue than its order's",
+			broker.HeaderOrderID, header, orderKey, partitions)
+	}
+	return ""
 }
 
 // replyRequest returns the delivery's reply_to and correlation_id when it

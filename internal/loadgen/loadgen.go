@@ -25,7 +25,10 @@ type Message struct {
 	RoutingKey string
 	// Type is the AMQP type property; empty leaves it unset.
 	Type string
-	Body []byte
+	// OrderID, when set, is sent in the broker.HeaderOrderID header, which
+	// partitioned ingest hashes on.
+	OrderID string
+	Body    []byte
 }
 
 // Spec describes a workload.
@@ -83,6 +86,7 @@ func Generate(spec Spec) *Workload {
 		created := Message{
 			MessageID:  fmt.Sprintf("%s-created", orderID),
 			RoutingKey: orders.TypeOrderCreated,
+			OrderID:    orderID,
 			Body:       body,
 		}
 		w.Messages = append(w.Messages, created)
@@ -98,7 +102,7 @@ func Generate(spec Spec) *Workload {
 		}
 		if rng.Float64() < spec.CancelRate {
 			body, _ := json.Marshal(orders.OrderCancelled{OrderID: orderID, Reason: "customer request"})
-			cancel := Message{MessageID: orderID + "-cancelled", RoutingKey: orders.TypeOrderCancelled, Body: body}
+			cancel := Message{MessageID: orderID + "-cancelled", RoutingKey: orders.TypeOrderCancelled, OrderID: orderID, Body: body}
 			w.Messages = append(w.Messages, cancel)
 			w.UniqueMessageIDs++
 			w.Cancelled[orderID] = true
@@ -179,7 +183,12 @@ func PublishPaced(ctx context.Context, amqpURL string, msgs []Message, window, p
 				}
 			}
 		}
+		var headers amqp.Table
+		if m.OrderID != "" {
+			headers = amqp.Table{broker.HeaderOrderID: m.OrderID}
+		}
 		err := pub.Publish(ctx, broker.ExchangeOrders, m.RoutingKey, false, amqp.Publishing{
+			Headers:      headers,
 			ContentType:  "application/json",
 			DeliveryMode: amqp.Persistent,
 			MessageId:    m.MessageID,
@@ -210,7 +219,7 @@ func PublishParallel(ctx context.Context, amqpURL string, msgs []Message, n, win
 // DeclareTopology declares the service's exchanges and queues, so that
 // messages published before the service first connects are not unroutable.
 func DeclareTopology(amqpURL, queueType string) error {
-	return broker.Declare(amqpURL, queueType)
+	return broker.Declare(amqpURL, broker.Topology{QueueType: queueType, Partitions: 1})
 }
 
 // dial opens a connection and a channel on it; closing the connection

@@ -223,7 +223,7 @@ func (r *Relay) session(ctx, workCtx context.Context) error {
 		return fmt.Errorf("open channel: %w", err)
 	}
 	closed := ch.NotifyClose(make(chan *amqp.Error, 1))
-	if err := broker.DeclareTopology(ch, r.cfg.QueueType); err != nil {
+	if err := broker.DeclareShared(ch, r.cfg.QueueType); err != nil {
 		return err
 	}
 	if err := ch.Confirm(false); err != nil {

@@ -86,7 +86,8 @@ func NewCluster(t *testing.T, n int) *Cluster {
 }
 
 // startClusterNode starts a node named name@localhost, detached, with its
-// listener on a free port of 127.0.0.1 and no plugins.
+// listener on a free port of 127.0.0.1 and one plugin, the consistent-hash
+// exchange (partitioned ingest).
 func startClusterNode(t *testing.T, name string) *ClusterNode {
 	t.Helper()
 	dir, err := os.MkdirTemp("", "inboxd-"+name+"-")
@@ -94,7 +95,7 @@ func startClusterNode(t *testing.T, name string) *ClusterNode {
 	port, dist := freePort(t), freePort(t)
 	conf := fmt.Sprintf("listeners.tcp.default = 127.0.0.1:%d\n", port)
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "rabbitmq.conf"), []byte(conf), 0o644))
-	require.NoError(t, os.WriteFile(filepath.Join(dir, "enabled_plugins"), []byte("[].\n"), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "enabled_plugins"), []byte("[rabbitmq_consistent_hash_exchange].\n"), 0o644))
 	require.NoError(t, exec.Command("chown", "-R", "rabbitmq", dir).Run())
 	node := &ClusterNode{
 		Name:    name + "@localhost",

@@ -1,0 +1,70 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+
+	"github.com/orderconfirm/inboxd/internal/broker"
+	"github.com/orderconfirm/inboxd/internal/ingest"
+	"github.com/orderconfirm/inboxd/internal/migrate"
+	"github.com/orderconfirm/inboxd/internal/orders"
+)
+
+// repartition moves ingest to the layout of INBOX_PARTITIONS (the README's
+// "Changing INBOX_PARTITIONS"), with every replica stopped: it declares the
+// new layout and routes the orders exchange to it alone, then stores what
+// waits in the other layouts' queues, each in its order, and deletes them.
+// Every message of the old layouts is thus in the inbox before the replicas,
+// started again on the new layout, store a newer message of its order.
+func repartition(ctx context.Context, cfg *config, logger *slog.Logger, stdout io.Writer) error {
+	if err := migrate.Check(ctx, cfg.dbConfig.ConnConfig); err != nil {
+		return err
+	}
+	conn, err := broker.Dial(cfg.amqpURL, "inboxd repartition", 0)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = conn.Close() }()
+	others, err := broker.Reroute(conn, broker.Topology{QueueType: cfg.queueType, Partitions: cfg.partitions})
+	if err != nil {
+		return fmt.Errorf("route %s to the layout of %d partitions: %w", broker.ExchangeOrders, cfg.partitions, err)
+	}
+	fmt.Fprintf(stdout, "%s now routes to the layout of INBOX_PARTITIONS=%d\n", broker.ExchangeOrders, cfg.partitions)
+	pool, err := newPool(ctx, cfg, "repartition", 2)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	for _, n := range others {
+		ing, err := ingest.New(pool, &ingest.Config{
+			URL:                    cfg.amqpURL,
+			Logger:                 logger,
+			ConnectionName:         "inboxd repartition",
+			QueueType:              cfg.queueType,
+			Partitions:             n,
+			BatchSize:              cfg.ingestBatchSize,
+			Linger:                 cfg.ingestLinger,
+			Prefetch:               cfg.prefetch,
+			MaxInflightBytes:       cfg.maxInflightBytes,
+			MaxMessageBytes:        cfg.maxMessageBytes,
+			DeriveMissingMessageID: cfg.deriveMessageID,
+			Heartbeat:              cfg.amqpHeartbeat,
+			StoreTimeout:           cfg.ingestStoreTimeout,
+			OrderingKey:            orders.OrderingKey,
+		})
+		if err != nil {
+			return err
+		}
+		if err := ing.Drain(ctx, broker.InboxQueues(n)); err != nil {
+			return fmt.Errorf("store what waits in the layout of %d partitions: %w", n, err)
+		}
+		if err := broker.DeleteLayout(conn, n); err != nil {
+			return err
+		}
+		fmt.Fprintf(stdout, "stored what waited in the layout of INBOX_PARTITIONS=%d, and deleted it\n", n)
+	}
+	fmt.Fprintf(stdout, "start the replicas with INBOX_PARTITIONS=%d\n", cfg.partitions)
+	return nil
+}
