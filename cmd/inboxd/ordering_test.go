@@ -25,17 +25,23 @@ import (
 // order.cancelled, and 30% of all messages published again under the same
 // id a few messages later, as redeliveries come.
 func orderingWorkload(seed uint64) (msgs []loadgen.Message, unique int, cancelled []string) {
+	return orderingWorkloadOf("ord", 3000, seed)
+}
+
+// orderingWorkloadOf is orderingWorkload of n orders whose ids start with
+// prefix.
+func orderingWorkloadOf(prefix string, n int, seed uint64) (msgs []loadgen.Message, unique int, cancelled []string) {
 	rng := rand.New(rand.NewPCG(seed, 11))
 	var again []loadgen.Message
-	for i := range 3000 {
-		orderID := fmt.Sprintf("ord-%05d", i)
+	for i := range n {
+		orderID := fmt.Sprintf("%s-%05d", prefix, i)
 		batch := []loadgen.Message{{
-			MessageID: orderID + "-created", RoutingKey: orders.TypeOrderCreated,
+			MessageID: orderID + "-created", RoutingKey: orders.TypeOrderCreated, OrderID: orderID,
 			Body: loadgen.OrderCreatedBody(orderID, 1+rng.IntN(3)),
 		}}
 		if rng.Float64() < 0.15 {
 			body, _ := json.Marshal(orders.OrderCancelled{OrderID: orderID, Reason: "customer request"})
-			batch = append(batch, loadgen.Message{MessageID: orderID + "-cancelled", RoutingKey: orders.TypeOrderCancelled, Body: body})
+			batch = append(batch, loadgen.Message{MessageID: orderID + "-cancelled", RoutingKey: orders.TypeOrderCancelled, OrderID: orderID, Body: body})
 			cancelled = append(cancelled, orderID)
 		}
 		for _, m := range batch {

@@ -82,6 +82,24 @@ func (c *Client) Connections(ctx context.Context, vhost string) ([]Connection, e
 	return conns, err
 }
 
+// Consumer is a consumer as the management API lists it.
+type Consumer struct {
+	Tag string `json:"consumer_tag"`
+	// Active is false for a single active consumer's standbys.
+	Active bool `json:"active"`
+	Queue  struct {
+		Name string `json:"name"`
+	} `json:"queue"`
+}
+
+// Consumers lists the consumers of a virtual host's queues. The API learns
+// of changes only every few seconds.
+func (c *Client) Consumers(ctx context.Context, vhost string) ([]Consumer, error) {
+	var consumers []Consumer
+	err := c.do(ctx, http.MethodGet, "/api/consumers/"+url.PathEscape(vhost), nil, &consumers)
+	return consumers, err
+}
+
 // CloseConnection closes a client connection from the broker's side.
 func (c *Client) CloseConnection(ctx context.Context, name string) error {
 	return c.do(ctx, http.MethodDelete, "/api/connections/"+url.PathEscape(name), nil, nil)

@@ -85,6 +85,21 @@ func (b *Broker) Receive(tb testing.TB, queue string, n int) []amqp.Delivery {
 	return got
 }
 
+// ActiveQueues returns, for each consumer tag, the queues of the virtual
+// host it is the active consumer of, as the management API last learnt.
+func (b *Broker) ActiveQueues(tb testing.TB) map[string][]string {
+	tb.Helper()
+	consumers, err := b.admin.Consumers(tb.Context(), b.Vhost)
+	require.NoError(tb, err)
+	active := map[string][]string{}
+	for _, c := range consumers {
+		if c.Active {
+			active[c.Tag] = append(active[c.Tag], c.Queue.Name)
+		}
+	}
+	return active
+}
+
 // CloseConnections closes, from the broker's side, every client connection
 // to the virtual host whose connection_name contains nameContains, as an
 // operator or a broker restart would. The management API learns of new
