@@ -72,12 +72,12 @@ func (e *benchEnv) close() {
 
 // startInboxd runs `inboxd serve` on the scenario's schema and virtual
 // host, and returns it with its HTTP address.
-func (e *benchEnv) startInboxd(o *options) (*service, string, error) {
+func (e *benchEnv) startInboxd(o *options, env ...string) (*service, string, error) {
 	httpAddr, err := freeAddr()
 	if err != nil {
 		return nil, "", err
 	}
-	svc, err := startInboxd(o, e.dbURL, e.amqpURL, httpAddr, e.name)
+	svc, err := startInboxd(o, e.dbURL, e.amqpURL, httpAddr, e.name+"-"+strings.ReplaceAll(httpAddr, ":", "-"), env...)
 	return svc, httpAddr, err
 }
 
@@ -136,7 +136,7 @@ type service struct {
 	done chan struct{}
 }
 
-func startInboxd(o *options, dbURL, amqpURL, httpAddr, name string) (*service, error) {
+func startInboxd(o *options, dbURL, amqpURL, httpAddr, name string, env ...string) (*service, error) {
 	logPath := fmt.Sprintf("%s/%s-inboxd.log", os.TempDir(), name)
 	logFile, err := os.Create(logPath)
 	if err != nil {
@@ -147,6 +147,7 @@ func startInboxd(o *options, dbURL, amqpURL, httpAddr, name string) (*service, e
 	if o.serviceEnv != "" {
 		cmd.Env = append(cmd.Env, strings.Split(o.serviceEnv, ",")...)
 	}
+	cmd.Env = append(cmd.Env, env...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	if err := cmd.Start(); err != nil {
 		_ = logFile.Close()

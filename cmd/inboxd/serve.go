@@ -15,6 +15,7 @@ import (
 
 	"github.com/orderconfirm/inboxd/internal/broker"
 	"github.com/orderconfirm/inboxd/internal/inbox"
+	"github.com/orderconfirm/inboxd/internal/ingest"
 	"github.com/orderconfirm/inboxd/internal/metrics"
 	"github.com/orderconfirm/inboxd/internal/migrate"
 	"github.com/orderconfirm/inboxd/internal/orders"
@@ -77,6 +78,7 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger, tp *tracing.Pr
 		return err
 	}
 	registerUnroutable(m.Registry, p.Relay)
+	registerPartitions(m.Registry, p.Ingest)
 	ready := &postgresCheck{pool: ps.ready}
 	statusPage, err := newStatusPage(cfg, ps.status, logger, build, servingSince, p, ready)
 	if err != nil {
@@ -157,6 +159,15 @@ func registerUnroutable(registry *prometheus.Registry, relay *outbox.Relay) {
 		Name: "inboxd_events_unroutable",
 		Help: "Events waiting in order-confirmation.unroutable because no binding of order-confirmation.events took them, as the relay last saw; redeliver them with inboxd redeliver-unroutable.",
 	}, func() float64 { return float64(relay.Unroutable()) }))
+}
+
+// registerPartitions exports how many inbox queues this process's ingest
+// is the active consumer of.
+func registerPartitions(registry *prometheus.Registry, ingest *ingest.Ingest) {
+	registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "inboxd_ingest_partitions_active",
+		Help: "Inbox queues (INBOX_PARTITIONS) this process's ingest is the active consumer of, as far as it knows (it received a delivery since it subscribed); summed over the replicas, the partitions that carried traffic.",
+	}, func() float64 { return float64(ingest.ActivePartitions()) }))
 }
 
 // newStatusPage returns the status page, which reads the database through

@@ -156,6 +156,8 @@ type Ingest struct {
 
 	// consuming counts the inbox queues whose consumer is registered.
 	consuming atomic.Int32
+	// parts are the current session's inbox queues.
+	parts atomic.Pointer[[]*partition]
 
 	service startstop.Service
 }
@@ -178,6 +180,23 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Ingest, error) {
 // with the broker: receiving, or standing by while another process is the
 // queue's single active consumer.
 func (i *Ingest) Consuming() bool { return int(i.consuming.Load()) == i.cfg.Partitions }
+
+// ActivePartitions returns how many inbox queues this process is the
+// active consumer of, as far as it knows: those it received a delivery from
+// since it last subscribed.
+func (i *Ingest) ActivePartitions() int {
+	parts := i.parts.Load()
+	if parts == nil {
+		return 0
+	}
+	n := 0
+	for _, p := range *parts {
+		if p.activeSince.Load() != 0 {
+			n++
+		}
+	}
+	return n
+}
 
 // Start connects in the background and returns at once.
 func (i *Ingest) Start(ctx context.Context) error {

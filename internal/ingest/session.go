@@ -55,6 +55,8 @@ func (i *Ingest) session(fetchCtx, workCtx context.Context) error {
 			cancel(err)
 		})
 	}
+	i.parts.Store(&parts)
+	defer i.parts.Store(nil)
 	if len(parts) > 1 {
 		consumers.Go(func() {
 			if err := i.balance(sessCtx, conn, parts); err != nil {

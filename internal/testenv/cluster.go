@@ -36,6 +36,7 @@ type ClusterNode struct {
 	URL     string
 	address string // host:port of its listener
 	dir     string
+	env     []string // of rabbitmq-server: its ports and folders
 }
 
 // URL lists every node's URL, comma-separated, as AMQP_URL takes them.
@@ -103,23 +104,71 @@ func startClusterNode(t *testing.T, name string) *ClusterNode {
 		address: fmt.Sprintf("127.0.0.1:%d", port),
 		dir:     dir,
 	}
-	cmd := node.command(context.Background(), "rabbitmq-server", "-detached")
-	cmd.Env = append(cmd.Env,
-		"RABBITMQ_NODE_PORT="+strconv.Itoa(port),
-		"RABBITMQ_DIST_PORT="+strconv.Itoa(dist),
-		"RABBITMQ_CONFIG_FILE="+filepath.Join(dir, "rabbitmq.conf"),
-		"RABBITMQ_ENABLED_PLUGINS_FILE="+filepath.Join(dir, "enabled_plugins"),
-		"RABBITMQ_MNESIA_BASE="+filepath.Join(dir, "mnesia"),
-		"RABBITMQ_LOG_BASE="+filepath.Join(dir, "log"),
-		"RABBITMQ_PID_FILE="+filepath.Join(dir, "pid"),
-	)
-	out, err := cmd.CombinedOutput()
-	require.NoError(t, err, "start node %s: %s", name, out)
+	node.env = []string{
+		"RABBITMQ_NODE_PORT=" + strconv.Itoa(port),
+		"RABBITMQ_DIST_PORT=" + strconv.Itoa(dist),
+		"RABBITMQ_CONFIG_FILE=" + filepath.Join(dir, "rabbitmq.conf"),
+		"RABBITMQ_ENABLED_PLUGINS_FILE=" + filepath.Join(dir, "enabled_plugins"),
+		"RABBITMQ_MNESIA_BASE=" + filepath.Join(dir, "mnesia"),
+		"RABBITMQ_LOG_BASE=" + filepath.Join(dir, "log"),
+		"RABBITMQ_PID_FILE=" + filepath.Join(dir, "pid"),
+	}
+	node.start(t)
 	t.Cleanup(func() {
 		node.Kill(t)
 		_ = os.RemoveAll(dir)
 	})
 	return node
+}
+
+// start runs rabbitmq-server detached for the node.
+func (n *ClusterNode) start(t *testing.T) {
+	t.Helper()
+	cmd := n.command(context.Background(), "rabbitmq-server", "-detached")
+	cmd.Env = append(cmd.Env, n.env...)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "start node %s: %s", n.Name, out)
+}
+
+// Restart starts a killed node again, with its data, and waits until it
+// runs: it rejoins the cluster, and its quorum queue replicas catch up.
+func (n *ClusterNode) Restart(t *testing.T) {
+	t.Helper()
+	n.start(t)
+	require.NoError(t, n.awaitStartup())
+}
+
+// Leaders returns the node each queue of the default virtual host has its
+// leader on (a classic queue's own node), asking the first node that
+// answers.
+func (c *Cluster) Leaders(t *testing.T) map[string]*ClusterNode {
+	t.Helper()
+	var out string
+	var err error
+	for _, n := range c.Nodes {
+		if out, err = n.ctlOutput("list_queues", "-q", "--no-table-headers", "name", "leader", "pid"); err == nil {
+			break
+		}
+	}
+	require.NoError(t, err)
+	leaders := map[string]*ClusterNode{}
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		fields := strings.Split(line, "\t")
+		if len(fields) < 3 {
+			continue
+		}
+		node := fields[1]
+		if node == "" {
+			// A pid reads <name@host.N.N.N>.
+			node, _, _ = strings.Cut(strings.TrimPrefix(fields[2], "<"), ".")
+		}
+		for _, n := range c.Nodes {
+			if n.Name == node {
+				leaders[fields[0]] = n
+			}
+		}
+	}
+	return leaders
 }
 
 // awaitStartup waits for the node to be up. rabbitmqctl await_startup
