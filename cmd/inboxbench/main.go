@@ -63,6 +63,7 @@ type options struct {
 	window         int
 	timeout        time.Duration
 	keep           bool
+	partitionRuns  string
 	preload        bool
 	skus           int
 	serviceEnv     string
@@ -143,6 +144,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.IntVar(&o.window, "window", 500, "unconfirmed publishes per publisher")
 	fs.DurationVar(&o.timeout, "timeout", time.Hour, "give up after this long")
 	fs.BoolVar(&o.keep, "keep", false, "keep the schemas and virtual hosts afterwards")
+	fs.StringVar(&o.partitionRuns, "partition-runs", "1x1,6x1,1x2,6x2", "the partitions scenario's runs, comma-separated PARTITIONSxREPLICAS")
 	fs.IntVar(&o.skus, "skus", 1000, "distinct SKUs the orders draw from (each stocked so that no order is rejected)")
 	fs.BoolVar(&o.preload, "preload", false, "domain: publish everything before starting inboxd, and time how fast it drains the queue")
 	fs.StringVar(&o.serviceEnv, "env", "", "extra environment for inboxd, comma-separated KEY=VALUE pairs")

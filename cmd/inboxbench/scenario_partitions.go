@@ -3,16 +3,14 @@ package main
 import (
 	"context"
 	"fmt"
+	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/orderconfirm/inboxd/internal/broker"
 	"github.com/orderconfirm/inboxd/internal/loadgen"
 )
-
-// partitionRuns are the layouts and replica counts the partitions scenario
-// measures: partitions × replicas.
-var partitionRuns = [][2]int{{1, 1}, {6, 1}, {1, 2}, {6, 2}}
 
 // benchPartitions measures ingest and the whole path (the order handler
 // included) against INBOX_PARTITIONS and the number of inboxd replicas: a
@@ -20,17 +18,80 @@ var partitionRuns = [][2]int{{1, 1}, {6, 1}, {1, 2}, {6, 2}}
 // R inboxd processes on N partitions, timed to the last message stored and
 // to the last processed.
 func benchPartitions(ctx context.Context, o *options, r *report) error {
-	for _, run := range partitionRuns {
-		partitions, replicas := run[0], run[1]
-		stored, processed, n, err := partitionRun(ctx, o, partitions, replicas)
+	for _, run := range strings.Split(o.partitionRuns, ",") {
+		var partitions, replicas int
+		if _, err := fmt.Sscanf(run, "%dx%d", &partitions, &replicas); err != nil {
+			return fmt.Errorf("-partition-runs: %q is not PARTITIONSxREPLICAS", run)
+		}
+		res, err := partitionRun(ctx, o, partitions, replicas)
 		if err != nil {
 			return err
 		}
+		n := float64(res.orders)
+		cpuPerOrder := res.pgCPU.Seconds() / n
 		r.add(fmt.Sprintf("partitions: %d × %d replicas", partitions, replicas),
-			"ingest %.0f msg/s, publish-free core path %.0f msg/s (a preloaded backlog of %d orders, order handler)",
-			float64(n)/stored.Seconds(), float64(n)/processed.Seconds(), n)
+			"ingest %.0f msg/s, publish-free core path %.0f msg/s (a preloaded backlog of %d orders, order handler); "+
+				"PostgreSQL per order: %.0f µs of CPU (all its processes), %.0f bytes of WAL, events published included; "+
+				"one primary would cap near %.0f orders/s per core at that cost",
+			n/res.stored.Seconds(), n/res.processed.Seconds(), res.orders,
+			cpuPerOrder*1e6, float64(res.wal)/n, 1/cpuPerOrder)
 	}
 	return nil
+}
+
+// partitionResult is what one run of the partitions scenario measured.
+type partitionResult struct {
+	// stored and processed are the times from the first message stored to
+	// the last stored and to the last processed.
+	stored, processed time.Duration
+	orders            int
+	// pgCPU and wal are PostgreSQL's CPU time (every postgres process of
+	// this machine) and WAL written while the backlog was stored,
+	// processed and its events published.
+	pgCPU time.Duration
+	wal   int64
+}
+
+// postgresCPU sums the CPU time (user and system) of every process of this
+// machine named postgres, as /proc tells it. Processes that exit in between
+// two readings take theirs with them, so read both while the service runs.
+func postgresCPU() (time.Duration, error) {
+	dirs, err := os.ReadDir("/proc")
+	if err != nil {
+		return 0, err
+	}
+	var ticks int64
+	for _, d := range dirs {
+		if _, err := strconv.Atoi(d.Name()); err != nil {
+			continue
+		}
+		stat, err := os.ReadFile("/proc/" + d.Name() + "/stat")
+		if err != nil {
+			continue // gone meanwhile
+		}
+		// pid (comm) state ppid ...: comm may hold spaces; fields 14 and
+		// 15 (utime, stime) count after its closing parenthesis.
+		open, closing := strings.IndexByte(string(stat), '('), strings.LastIndexByte(string(stat), ')')
+		if open < 0 || closing < open || string(stat[open+1:closing]) != "postgres" {
+			continue
+		}
+		fields := strings.Fields(string(stat[closing+1:]))
+		if len(fields) < 13 {
+			continue
+		}
+		utime, _ := strconv.ParseInt(fields[11], 10, 64)
+		stime, _ := strconv.ParseInt(fields[12], 10, 64)
+		ticks += utime + stime
+	}
+	// USER_HZ is 100 on Linux.
+	return time.Duration(ticks) * 10 * time.Millisecond, nil
+}
+
+// walPosition is the server's current WAL insert position, in bytes.
+func walPosition(ctx context.Context, e *benchEnv) (int64, error) {
+	var lsn int64
+	err := e.pool.QueryRow(ctx, "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint").Scan(&lsn)
+	return lsn, err
 }
 
 // partitionRun drains one backlog with replicas inboxd processes on
@@ -38,42 +99,68 @@ func benchPartitions(ctx context.Context, o *options, r *report) error {
 // and to the last processed, from the first message stored. The replicas
 // start together; the first to subscribe is active on every partition
 // until the balancing hands some over (at most one every 2 s, each kept 5 s).
-func partitionRun(ctx context.Context, o *options, partitions, replicas int) (stored, processed time.Duration, n int, err error) {
+func partitionRun(ctx context.Context, o *options, partitions, replicas int) (res partitionResult, err error) {
 	e, err := newEnv(ctx, o, fmt.Sprintf("partitions%dx%d", partitions, replicas))
 	if err != nil {
-		return 0, 0, 0, err
+		return res, err
 	}
 	defer e.close()
 	if err := broker.Declare(e.amqpURL, broker.Topology{QueueType: broker.QueueTypeQuorum, Partitions: partitions}); err != nil {
-		return 0, 0, 0, err
+		return res, err
 	}
 	w := loadgen.Generate(loadgen.Spec{Orders: o.messages, Seed: 1, Prefix: e.name, SKUs: o.skus})
 	if err := loadgen.PublishParallel(ctx, e.amqpURL, w.Messages, o.publishers, o.window); err != nil {
-		return 0, 0, 0, err
+		return res, err
+	}
+	cpuBefore, err := postgresCPU()
+	if err != nil {
+		return res, err
+	}
+	walBefore, err := walPosition(ctx, e)
+	if err != nil {
+		return res, err
 	}
 	for range replicas {
 		svc, httpAddr, err := e.startInboxd(o, "INBOX_PARTITIONS="+strconv.Itoa(partitions))
 		if err != nil {
-			return 0, 0, 0, err
+			return res, err
 		}
 		defer svc.stop()
 		if err := waitReady(ctx, httpAddr); err != nil {
-			return 0, 0, 0, err
+			return res, err
 		}
 	}
 	storedAt, err := waitCount(ctx, e.pool, "SELECT count(*) FROM inbox", w.UniqueMessageIDs, "SELECT max(received_at) FROM inbox")
 	if err != nil {
-		return 0, 0, 0, err
+		return res, err
 	}
 	// From the first message stored: the processes' start (migrations,
 	// connections) is not ingest's.
 	var start time.Time
 	if err := e.pool.QueryRow(ctx, "SELECT min(received_at) FROM inbox").Scan(&start); err != nil {
-		return 0, 0, 0, err
+		return res, err
 	}
 	processedAt, err := waitCount(ctx, e.pool, countProcessed, w.UniqueMessageIDs, lastProcessed)
 	if err != nil {
-		return 0, 0, 0, err
+		return res, err
 	}
-	return storedAt.Sub(start), processedAt.Sub(start), w.UniqueMessageIDs, nil
+	var events int
+	if err := e.pool.QueryRow(ctx, "SELECT count(*) FROM outbox").Scan(&events); err != nil {
+		return res, err
+	}
+	if _, err := waitCount(ctx, e.pool, "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL", events, "SELECT max(published_at) FROM outbox"); err != nil {
+		return res, err
+	}
+	cpuAfter, err := postgresCPU()
+	if err != nil {
+		return res, err
+	}
+	walAfter, err := walPosition(ctx, e)
+	if err != nil {
+		return res, err
+	}
+	return partitionResult{
+		stored: storedAt.Sub(start), processed: processedAt.Sub(start), orders: w.UniqueMessageIDs,
+		pgCPU: cpuAfter - cpuBefore, wal: walAfter - walBefore,
+	}, nil
 }
