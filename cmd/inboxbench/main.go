@@ -64,6 +64,8 @@ type options struct {
 	timeout        time.Duration
 	keep           bool
 	partitionRuns  string
+	snapshotRate   float64
+	snapshotHold   time.Duration
 	preload        bool
 	skus           int
 	serviceEnv     string
@@ -93,6 +95,7 @@ var scenarios = []struct {
 	{"flood", benchFlood},
 	{"reply", benchReply},
 	{"partitions", benchPartitions},
+	{"snapshot", benchSnapshot},
 }
 
 // run parses args, runs the scenarios chosen, and prints the report to
@@ -144,11 +147,13 @@ func parseFlags(args []string) (*options, error) {
 	fs.IntVar(&o.window, "window", 500, "unconfirmed publishes per publisher")
 	fs.DurationVar(&o.timeout, "timeout", time.Hour, "give up after this long")
 	fs.BoolVar(&o.keep, "keep", false, "keep the schemas and virtual hosts afterwards")
+	fs.Float64Var(&o.snapshotRate, "snapshot-rate", 500, "snapshot: orders per second")
+	fs.DurationVar(&o.snapshotHold, "snapshot-hold", time.Minute, "snapshot: how long the clean phase, then the held snapshot, last")
 	fs.StringVar(&o.partitionRuns, "partition-runs", "1x1,6x1,1x2,6x2", "the partitions scenario's runs, comma-separated PARTITIONSxREPLICAS")
 	fs.IntVar(&o.skus, "skus", 1000, "distinct SKUs the orders draw from (each stocked so that no order is rejected)")
 	fs.BoolVar(&o.preload, "preload", false, "domain: publish everything before starting inboxd, and time how fast it drains the queue")
 	fs.StringVar(&o.serviceEnv, "env", "", "extra environment for inboxd, comma-separated KEY=VALUE pairs")
-	fs.StringVar(&only, "only", "", "comma-separated scenarios to run: core, passthrough, split, domain, domainruler, steady, claim, probes, flood, reply, partitions (default: all)")
+	fs.StringVar(&only, "only", "", "comma-separated scenarios to run: core, passthrough, split, domain, domainruler, steady, claim, probes, flood, reply, partitions, snapshot (default: all)")
 	fs.Float64Var(&o.steadyRate, "steady-rate", 1000, "steady: messages per second")
 	fs.DurationVar(&o.steadyDuration, "steady-duration", 5*time.Minute, "steady: how long to publish")
 	fs.DurationVar(&o.replyDuration, "reply-duration", time.Minute, "reply: how long to publish requests, at -steady-rate")
