@@ -183,9 +183,11 @@ func newStatusPage(cfg *config, pool *pgxpool.Pool, logger *slog.Logger, build s
 		Started: started,
 		State: func() statuspage.ServiceState {
 			state := statuspage.ServiceState{
-				IngestConsuming: ingest.Consuming(),
-				RelayConnected:  relay.Connected(),
-				Workers:         cfg.workers,
+				IngestConsuming:  ingest.Consuming(),
+				Partitions:       cfg.partitions,
+				PartitionsActive: ingest.ActivePartitions(),
+				RelayConnected:   relay.Connected(),
+				Workers:          cfg.workers,
 			}
 			if blocked, reason := relay.Blocked(); blocked {
 				state.BrokerAlarm = cmp.Or(reason, "alarm")

@@ -415,3 +415,33 @@ func silentAddr(t *testing.T) string {
 	})
 	return ln.Addr().String()
 }
+
+// With partitioned ingest the page says how many of the partitions this
+// process is the active consumer of; with one partition it says nothing
+// of partitions.
+func TestStatusPageShowsThePartitionsHeld(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	for _, tc := range []struct {
+		state statuspage.ServiceState
+		want  string
+	}{
+		{statuspage.ServiceState{IngestConsuming: true, Partitions: 6, PartitionsActive: 3}, `active on <b data-metric="partitions_active">3 of 6</b> partitions`},
+		{statuspage.ServiceState{IngestConsuming: true, Partitions: 1}, ""},
+	} {
+		page, err := statuspage.New(db.Pool, &statuspage.Config{
+			Logger: testenv.Logger(t), Build: "test-build", Started: time.Now(),
+			State: func() statuspage.ServiceState { return tc.state },
+		})
+		require.NoError(t, err)
+		server := httptest.NewServer(page)
+		status, body := get(t, server.URL+"/")
+		server.Close()
+		require.Equal(t, http.StatusOK, status)
+		if tc.want == "" {
+			require.NotContains(t, body, "partitions_active")
+		} else {
+			require.Contains(t, body, tc.want)
+		}
+	}
+}

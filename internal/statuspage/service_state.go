@@ -7,6 +7,12 @@ type ServiceState struct {
 	// the inbox queue: receiving, or standing by for another replica (the
 	// queue has a single active consumer).
 	IngestConsuming bool `json:"ingest_consuming"`
+	// Partitions is the number of inbox queues (INBOX_PARTITIONS), and
+	// PartitionsActive how many of them this process is the active
+	// consumer of, as far as it knows (it received a delivery since it
+	// subscribed).
+	Partitions       int `json:"partitions"`
+	PartitionsActive int `json:"partitions_active"`
 	// RelayConnected is true while the outbox relay holds a broker
 	// connection.
 	RelayConnected bool `json:"relay_connected"`
