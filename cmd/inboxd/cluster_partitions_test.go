@@ -40,7 +40,9 @@ func TestPartitionedIngestThroughBrokerNodeKills(t *testing.T) {
 
 	msgs, unique, cancelled := orderingWorkloadOf("cl", 3000, 4)
 	third := len(msgs) / 3
+	publishedSoFar := 0
 	for phase, part := range [][]loadgen.Message{msgs[:third], msgs[third : 2*third], msgs[2*third:]} {
+		publishedSoFar += len(part)
 		leaders := c.Leaders(t)
 		var victim *testenv.ClusterNode
 		if phase == 0 {
@@ -64,6 +66,14 @@ func TestPartitionedIngestThroughBrokerNodeKills(t *testing.T) {
 		victim.Kill(t)
 		killed := time.Now()
 		require.NoError(t, <-published, "every message confirmed to the producer")
+		// Everything published so far stored first: a stall that outlasted
+		// the publishing would otherwise go unseen.
+		sent := map[string]bool{}
+		for _, m := range msgs[:publishedSoFar] {
+			sent[m.MessageID] = true
+		}
+		require.Eventually(t, func() bool { return b.count(t, "SELECT count(*) FROM inbox") >= len(sent) },
+			time.Minute, 20*time.Millisecond, "everything published so far stored")
 		var gap time.Duration
 		require.NoError(t, db.Pool.QueryRow(t.Context(), `
 			SELECT coalesce(max(gap), '0') FROM (

@@ -121,12 +121,25 @@ func TestChangingPartitionsLosesNothingAndKeepsOrder(t *testing.T) {
 	require.True(t, p.logContains(`follow the README's "Changing INBOX_PARTITIONS"`), "the refusal names the procedure")
 	require.Equal(t, len(before), b.broker.ReadyMessages(t, broker.QueueInbox), "the messages stay")
 
+	// repartition refuses while a replica still consumes an inbox queue.
+	replica, err := amqp.Dial(b.broker.URL)
+	require.NoError(t, err)
+	rch, err := replica.Channel()
+	require.NoError(t, err)
+	require.NoError(t, rch.Qos(1, 0, false))
+	_, err = rch.Consume(broker.QueueInbox, "a replica not stopped", false, false, false, false, nil)
+	require.NoError(t, err)
+	out, ok := runInboxd(t, "repartition", env...)
+	require.False(t, ok, out)
+	require.Contains(t, out, "has 1 consumers: stop every replica before inboxd repartition")
+	require.NoError(t, replica.Close()) // its delivery goes back, first in line
+
 	// The procedure: with the replicas stopped (none runs), repartition,
 	// while every cancellation is being published, then start the replicas
 	// on the new layout.
 	published := make(chan error, 1)
 	go func() { published <- loadgen.PublishPaced(t.Context(), b.broker.URL, after, 50, 1000) }()
-	out, ok := runInboxd(t, "repartition", env...)
+	out, ok = runInboxd(t, "repartition", env...)
 	require.True(t, ok, out)
 	require.Contains(t, out, "start the replicas with INBOX_PARTITIONS=6")
 	require.NoError(t, <-published)

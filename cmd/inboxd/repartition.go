@@ -6,6 +6,8 @@ import (
 	"io"
 	"log/slog"
 
+	amqp "github.com/rabbitmq/amqp091-go"
+
 	"github.com/orderconfirm/inboxd/internal/broker"
 	"github.com/orderconfirm/inboxd/internal/ingest"
 	"github.com/orderconfirm/inboxd/internal/migrate"
@@ -27,6 +29,9 @@ func repartition(ctx context.Context, cfg *config, logger *slog.Logger, stdout i
 		return err
 	}
 	defer func() { _ = conn.Close() }()
+	if err := noConsumers(conn, cfg.partitions); err != nil {
+		return err
+	}
 	others, err := broker.Reroute(conn, broker.Topology{QueueType: cfg.queueType, Partitions: cfg.partitions})
 	if err != nil {
 		return fmt.Errorf("route %s to the layout of %d partitions: %w", broker.ExchangeOrders, cfg.partitions, err)
@@ -57,7 +62,16 @@ func repartition(ctx context.Context, cfg *config, logger *slog.Logger, stdout i
 		if err != nil {
 			return err
 		}
-		if err := ing.Drain(ctx, broker.InboxQueues(n)); err != nil {
+		queues, err := broker.LayoutQueues(conn, n)
+		if err != nil {
+			return err
+		}
+		names := make([]string, len(queues))
+		for q := range queues {
+			names[q] = queues[q].Name
+		}
+		// Only those left: a repartition cut short deleted some already.
+		if err := ing.Drain(ctx, names); err != nil {
 			return fmt.Errorf("store what waits in the layout of %d partitions: %w", n, err)
 		}
 		if err := broker.DeleteLayout(conn, n); err != nil {
@@ -66,5 +80,29 @@ func repartition(ctx context.Context, cfg *config, logger *slog.Logger, stdout i
 		fmt.Fprintf(stdout, "stored what waited in the layout of INBOX_PARTITIONS=%d, and deleted it\n", n)
 	}
 	fmt.Fprintf(stdout, "start the replicas with INBOX_PARTITIONS=%d\n", cfg.partitions)
+	return nil
+}
+
+// noConsumers refuses while a replica still consumes an inbox queue, of any
+// layout: repartition runs with every replica stopped, or a replica could
+// store a newer message of an order before repartition stores an older one
+// (and one active on an old queue would hold its messages unacknowledged,
+// out of Drain's reach).
+func noConsumers(conn *amqp.Connection, partitions int) error {
+	layouts, err := broker.OtherLayouts(conn, partitions)
+	if err != nil {
+		return err
+	}
+	for _, n := range append(layouts, partitions) {
+		queues, err := broker.LayoutQueues(conn, n)
+		if err != nil {
+			return err
+		}
+		for _, q := range queues {
+			if q.Consumers > 0 {
+				return fmt.Errorf("queue %s has %d consumers: stop every replica before inboxd repartition (README: \"Changing INBOX_PARTITIONS\")", q.Name, q.Consumers)
+			}
+		}
+	}
 	return nil
 }

@@ -119,23 +119,53 @@ func OtherLayouts(conn *amqp.Connection, partitions int) ([]int, error) {
 	return found, nil
 }
 
+// InspectQueue returns what the broker says of a queue: its ready messages
+// and its consumers (for a queue with a single active consumer, 1 when it
+// has any). It fails with a NOT_FOUND *amqp.Error when the queue does not
+// exist (see IsNotFound).
+func InspectQueue(conn *amqp.Connection, name string) (amqp.Queue, error) {
+	var q amqp.Queue
+	err := withChannel(conn, func(ch *amqp.Channel) error {
+		var err error
+		q, err = ch.QueueDeclarePassive(name, true, false, false, false, nil)
+		return err
+	})
+	return q, err
+}
+
+// IsNotFound reports whether err is the broker saying that an entity does
+// not exist.
+func IsNotFound(err error) bool { return isNotFound(err) }
+
 // LayoutQueues returns the queues of the layout of n partitions that exist,
 // with their ready messages and consumers.
 func LayoutQueues(conn *amqp.Connection, n int) ([]amqp.Queue, error) {
 	var queues []amqp.Queue
 	for _, name := range InboxQueues(n) {
-		err := withChannel(conn, func(ch *amqp.Channel) error {
-			q, err := ch.QueueDeclarePassive(name, true, false, false, false, nil)
-			if err == nil {
-				queues = append(queues, q)
-			}
-			return err
-		})
-		if err != nil && !isNotFound(err) {
+		q, err := InspectQueue(conn, name)
+		switch {
+		case err == nil:
+			queues = append(queues, q)
+		case !isNotFound(err):
 			return nil, fmt.Errorf("inspect %s: %w", name, err)
 		}
 	}
 	return queues, nil
+}
+
+// inUse returns a *LayoutConflictError for the first queue of the layout of
+// n partitions that holds messages or has consumers, or nil.
+func inUse(conn *amqp.Connection, partitions, n int) error {
+	queues, err := LayoutQueues(conn, n)
+	if err != nil {
+		return err
+	}
+	for _, q := range queues {
+		if q.Messages > 0 || q.Consumers > 0 {
+			return &LayoutConflictError{Partitions: partitions, Other: n, Queue: q.Name, Messages: q.Messages, Consumers: q.Consumers}
+		}
+	}
+	return nil
 }
 
 // idleOtherLayouts returns the layouts other than partitions' that exist,
@@ -147,24 +177,29 @@ func idleOtherLayouts(conn *amqp.Connection, partitions int) ([]int, error) {
 		return nil, err
 	}
 	for _, n := range others {
-		queues, err := LayoutQueues(conn, n)
-		if err != nil {
+		if err := inUse(conn, partitions, n); err != nil {
 			return nil, err
-		}
-		for _, q := range queues {
-			if q.Messages > 0 || q.Consumers > 0 {
-				return nil, &LayoutConflictError{Partitions: partitions, Other: n, Queue: q.Name, Messages: q.Messages, Consumers: q.Consumers}
-			}
 		}
 	}
 	return others, nil
 }
 
 // DeleteLayout deletes the queues of the layout of n partitions and its
-// exchange, which takes its bindings with it. The queues must be empty and
-// unbound: RabbitMQ deletes a quorum queue whatever it holds (it cannot
-// delete one "if empty").
+// exchange, which takes its bindings with it. RabbitMQ deletes a quorum
+// queue whatever it holds (it cannot delete one "if empty" or "if
+// unused"), so DeleteLayout first checks that each is empty and unconsumed,
+// and deletes nothing otherwise; it is for a layout that is unbound
+// already, where nothing new can arrive.
 func DeleteLayout(conn *amqp.Connection, n int) error {
+	queues, err := LayoutQueues(conn, n)
+	if err != nil {
+		return err
+	}
+	for _, q := range queues {
+		if q.Messages > 0 || q.Consumers > 0 {
+			return fmt.Errorf("not deleting the layout of %d partitions: queue %s holds %d messages and has %d consumers", n, q.Name, q.Messages, q.Consumers)
+		}
+	}
 	for _, name := range InboxQueues(n) {
 		err := withChannel(conn, func(ch *amqp.Channel) error {
 			_, err := ch.QueueDelete(name, false, false, false)

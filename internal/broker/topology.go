@@ -139,6 +139,12 @@ func DeclareTopology(conn *amqp.Connection, t Topology) error {
 		if err := UnbindLayout(conn, n); err != nil {
 			return err
 		}
+		// A message published between the check and the new layout's
+		// binding reached the old layout alone: refuse, so that it is
+		// stored (inboxd repartition) before anything newer of its order.
+		if err := inUse(conn, t.Partitions, n); err != nil {
+			return err
+		}
 	}
 	return nil
 }

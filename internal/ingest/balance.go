@@ -48,28 +48,34 @@ const (
 
 // balance keeps this replica active on at most its share of parts, until
 // ctx ends. The number of replicas is the consumer count of
-// broker.QueueIngestReplicas, which every replica consumes.
+// broker.QueueIngestReplicas, which every replica consumes; when that
+// queue goes (it is transient: with its node, say), it is declared and
+// consumed again.
 func (i *Ingest) balance(ctx context.Context, conn *amqp.Connection, parts []*partition) error {
-	ch, err := conn.Channel()
-	if err != nil {
-		return fmt.Errorf("open channel: %w", err)
-	}
-	defer func() { _ = ch.Close() }()
-	// Nothing is published to the queue; whatever is goes unread.
-	if _, err := ch.Consume(broker.QueueIngestReplicas, i.cfg.ConnectionName, true, false, false, false, nil); err != nil {
-		return fmt.Errorf("consume %q: %w", broker.QueueIngestReplicas, err)
-	}
+	var counted *replicaCount
+	defer func() { counted.close() }()
 	tick := time.NewTicker(balanceEvery)
 	defer tick.Stop()
 	for {
+		if counted == nil || counted.lost() {
+			counted.close()
+			var err error
+			if counted, err = countReplicas(conn, i.cfg.ConnectionName); err != nil {
+				return err
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-tick.C:
 		}
-		q, err := ch.QueueDeclarePassive(broker.QueueIngestReplicas, false, true, false, false, nil)
+		q, err := counted.ch.QueueDeclarePassive(broker.QueueIngestReplicas, false, true, false, false, nil)
 		if err != nil {
-			return fmt.Errorf("count the replicas: %w", err)
+			i.logger.Warn("cannot count the replicas; consuming the queue that counts them again",
+				slog.String("queue", broker.QueueIngestReplicas), slog.String("error", err.Error()))
+			counted.close()
+			counted = nil
+			continue
 		}
 		if p := overShare(parts, q.Consumers, time.Now()); p != nil {
 			i.logger.Info("active on more partitions than its share; giving one up",
@@ -79,6 +85,50 @@ func (i *Ingest) balance(ctx context.Context, conn *amqp.Connection, parts []*pa
 			default:
 			}
 		}
+	}
+}
+
+// replicaCount is this replica's consumer of broker.QueueIngestReplicas.
+type replicaCount struct {
+	ch        *amqp.Channel
+	cancelled <-chan string
+}
+
+// countReplicas declares broker.QueueIngestReplicas and consumes it on a
+// channel of its own. Nothing is published to the queue; whatever is goes
+// unread.
+func countReplicas(conn *amqp.Connection, tag string) (*replicaCount, error) {
+	ch, err := conn.Channel()
+	if err != nil {
+		return nil, fmt.Errorf("open channel: %w", err)
+	}
+	c := &replicaCount{ch: ch, cancelled: ch.NotifyCancel(make(chan string, 1))}
+	_, err = ch.QueueDeclare(broker.QueueIngestReplicas, false, true, false, false, amqp.Table{amqp.QueueTypeArg: broker.QueueTypeClassic})
+	if err == nil {
+		_, err = ch.Consume(broker.QueueIngestReplicas, tag, true, false, false, false, nil)
+	}
+	if err != nil {
+		c.close()
+		return nil, fmt.Errorf("consume %q: %w", broker.QueueIngestReplicas, err)
+	}
+	return c, nil
+}
+
+// lost reports whether the consumer is gone: its channel closed, or the
+// broker cancelled it (the queue was deleted).
+func (c *replicaCount) lost() bool {
+	select {
+	case <-c.cancelled:
+		return true
+	default:
+		return c.ch.IsClosed()
+	}
+}
+
+// close closes the channel; a nil count has none.
+func (c *replicaCount) close() {
+	if c != nil {
+		_ = c.ch.Close()
 	}
 }
 

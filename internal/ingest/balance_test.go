@@ -25,8 +25,8 @@ func TestOverShare(t *testing.T) {
 	require.Nil(t, overShare(parts(long, long, long, long, long, long), 1, now))
 	// Two replicas, six partitions: three each; the one it became active
 	// on last goes first.
-	ps := parts(long, long, long, 2*long, long+time.Second, long)
-	require.Equal(t, ps[0], overShare(ps, 2, now))
+	ps := parts(long+2*time.Second, long+time.Second, long+3*time.Second, 2*long, long+4*time.Second, long)
+	require.Equal(t, ps[5], overShare(ps, 2, now))
 	require.Nil(t, overShare(parts(long, long, long, 0, 0, 0), 2, now))
 	// Rounded up: four partitions over three replicas is two each.
 	require.Nil(t, overShare(parts(long, long, 0, 0), 3, now))

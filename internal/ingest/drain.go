@@ -13,13 +13,19 @@ import (
 )
 
 // drainPoll is how often Drain looks at the queue it empties.
-const drainPoll = 200 * time.Millisecond
+const drainPoll = 100 * time.Millisecond
+
+// drainSettle bounds the wait for a queue's consumers to go: the broker
+// hands a closed channel's unacknowledged deliveries back to a quorum queue
+// a moment after the close.
+const drainSettle = 30 * time.Second
 
 // Drain stores what waits in queues into the inbox, each queue in its order
-// and one after the other, as a consumer of each (standing by while another
-// is active), and returns once each is empty. The queues are meant to be
-// unbound already (broker.Reroute): Drain stops at the first moment a queue
-// has nothing ready, and would leave what arrives later.
+// and one after the other, and returns once each is empty with no consumer.
+// The queues must be unbound already (broker.Reroute) and consumed by no
+// one else (every replica stopped): Drain fails when a queue still has a
+// consumer after drainSettle, and stops at the first moment a queue is
+// empty and unconsumed, leaving whatever would arrive later.
 func (i *Ingest) Drain(ctx context.Context, queues []string) error {
 	conn, err := broker.Dial(i.cfg.URL, i.cfg.ConnectionName, i.cfg.Heartbeat)
 	if err != nil {
@@ -39,18 +45,13 @@ func (i *Ingest) Drain(ctx context.Context, queues []string) error {
 	return nil
 }
 
-// drain empties one queue: it consumes until the queue has nothing ready,
-// stores the batch in hand and closes the channel (what it had been sent
-// ahead goes back to the queue), and starts again until the queue is empty
-// with the channel closed.
+// drain empties one queue: it consumes until nothing is ready (the rest is
+// in the consumer's hands), stores the batch in hand and closes the
+// channel, which sends what it had been sent ahead back to the queue, and
+// starts again until the queue is empty once its consumers are gone.
 func (i *Ingest) drain(ctx context.Context, conn, pubConn *amqp.Connection, queue string) error {
-	ch, err := conn.Channel()
-	if err != nil {
-		return fmt.Errorf("open channel: %w", err)
-	}
-	defer func() { _ = ch.Close() }()
 	for {
-		q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil)
+		q, err := unconsumed(ctx, conn, queue)
 		if err != nil {
 			return err
 		}
@@ -69,7 +70,8 @@ func (i *Ingest) drain(ctx context.Context, conn, pubConn *amqp.Connection, queu
 					return
 				case <-tick.C:
 				}
-				if q, err := ch.QueueDeclarePassive(queue, true, false, false, false, nil); err == nil && q.Messages == 0 {
+				// On an error too: the next look at the queue says why.
+				if q, err := broker.InspectQueue(conn, queue); err != nil || q.Messages == 0 {
 					p.yield <- struct{}{}
 					return
 				}
@@ -85,6 +87,26 @@ func (i *Ingest) drain(ctx context.Context, conn, pubConn *amqp.Connection, queu
 			return ctx.Err()
 		default:
 			return errors.New("consumer stopped")
+		}
+	}
+}
+
+// unconsumed waits until queue has no consumer, at most drainSettle, and
+// returns what the broker then says of it.
+func unconsumed(ctx context.Context, conn *amqp.Connection, queue string) (amqp.Queue, error) {
+	deadline := time.Now().Add(drainSettle)
+	for {
+		q, err := broker.InspectQueue(conn, queue)
+		if err != nil || q.Consumers == 0 {
+			return q, err
+		}
+		if time.Now().After(deadline) {
+			return q, fmt.Errorf("%d consumers still, %s after its own went: stop every replica first", q.Consumers, drainSettle)
+		}
+		select {
+		case <-time.After(drainPoll / 2):
+		case <-ctx.Done():
+			return q, ctx.Err()
 		}
 	}
 }

@@ -105,3 +105,28 @@ func TestAnotherLayoutIsRefusedWhileItHoldsMessages(t *testing.T) {
 	require.Equal(t, 1, waiting, "the orders exchange routes to the new layout")
 	require.Zero(t, mq.ReadyMessages(t, broker.QueueInbox), "and no longer to the old one")
 }
+
+// Drain returns only once the queue is empty with its consumer gone: a
+// quorum queue takes back a closed channel's deliveries a moment after the
+// close, and a drain that looked at it in between would leave them behind
+// (and repartition would delete them with the queue).
+func TestDrainLeavesNothingBehind(t *testing.T) {
+	t.Parallel()
+	b := setup(t) // the layout of one partition
+	msgs := messages("d", 3000)
+	require.NoError(t, loadgen.Publish(t.Context(), b.broker.URL, msgs, 500))
+	// Storing is slow, so that the consumer holds deliveries it has not
+	// stored each time the queue shows nothing ready.
+	ing, err := ingest.New(b.db.Pool, &ingest.Config{
+		URL: b.broker.URL, Logger: testenv.Logger(t),
+		OnStored: func() { time.Sleep(100 * time.Millisecond) },
+	})
+	require.NoError(t, err)
+	require.NoError(t, ing.Drain(t.Context(), []string{broker.QueueInbox}))
+	q := b.broker.Queue(t, broker.QueueInbox)
+	require.Zero(t, q.Messages, "nothing left behind")
+	require.Zero(t, q.Consumers)
+	require.Equal(t, len(msgs), b.inboxCount(t))
+	time.Sleep(time.Second)
+	require.Zero(t, b.broker.ReadyMessages(t, broker.QueueInbox), "nothing came back after Drain returned")
+}
