@@ -81,6 +81,20 @@ func (e *benchEnv) startInboxd(o *options, env ...string) (*service, string, err
 	return svc, httpAddr, err
 }
 
+// serve runs inboxd as startInboxd does and waits until it is ready; the
+// caller stops it.
+func (e *benchEnv) serve(ctx context.Context, o *options, env ...string) (*service, string, error) {
+	svc, httpAddr, err := e.startInboxd(o, env...)
+	if err != nil {
+		return nil, "", err
+	}
+	if err := waitReady(ctx, httpAddr); err != nil {
+		svc.stop()
+		return nil, "", err
+	}
+	return svc, httpAddr, nil
+}
+
 // newPool opens a pool of its own on the scenario's schema.
 func (e *benchEnv) newPool(ctx context.Context, maxConns int32) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(e.dbURL)

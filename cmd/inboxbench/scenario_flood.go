@@ -37,14 +37,11 @@ func floodRun(ctx context.Context, o *options, r *report, clients int) error {
 	if err := loadgen.PublishParallel(ctx, e.amqpURL, w.Messages, o.publishers, o.window); err != nil {
 		return err
 	}
-	svc, httpAddr, err := e.startInboxd(o)
+	svc, httpAddr, err := e.serve(ctx, o)
 	if err != nil {
 		return err
 	}
 	defer svc.stop()
-	if err := waitReady(ctx, httpAddr); err != nil {
-		return err
-	}
 
 	floodCtx, stopFlood := context.WithCancel(ctx)
 	var answered, failed int64

@@ -87,11 +87,22 @@ func postgresCPU() (time.Duration, error) {
 	return time.Duration(ticks) * 10 * time.Millisecond, nil
 }
 
-// walPosition is the server's current WAL insert position, in bytes.
-func walPosition(ctx context.Context, e *benchEnv) (int64, error) {
-	var lsn int64
-	err := e.pool.QueryRow(ctx, "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint").Scan(&lsn)
-	return lsn, err
+// postgresCost is what PostgreSQL has spent so far: the CPU time of its
+// processes (postgresCPU) and its WAL insert position, in bytes.
+type postgresCost struct {
+	cpu time.Duration
+	wal int64
+}
+
+// readPostgresCost reads both.
+func readPostgresCost(ctx context.Context, e *benchEnv) (postgresCost, error) {
+	var c postgresCost
+	var err error
+	if c.cpu, err = postgresCPU(); err != nil {
+		return c, err
+	}
+	err = e.pool.QueryRow(ctx, "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint").Scan(&c.wal)
+	return c, err
 }
 
 // partitionRun drains one backlog with replicas inboxd processes on
@@ -112,23 +123,16 @@ func partitionRun(ctx context.Context, o *options, partitions, replicas int) (re
 	if err := loadgen.PublishParallel(ctx, e.amqpURL, w.Messages, o.publishers, o.window); err != nil {
 		return res, err
 	}
-	cpuBefore, err := postgresCPU()
-	if err != nil {
-		return res, err
-	}
-	walBefore, err := walPosition(ctx, e)
+	before, err := readPostgresCost(ctx, e)
 	if err != nil {
 		return res, err
 	}
 	for range replicas {
-		svc, httpAddr, err := e.startInboxd(o, "INBOX_PARTITIONS="+strconv.Itoa(partitions))
+		svc, _, err := e.serve(ctx, o, "INBOX_PARTITIONS="+strconv.Itoa(partitions))
 		if err != nil {
 			return res, err
 		}
 		defer svc.stop()
-		if err := waitReady(ctx, httpAddr); err != nil {
-			return res, err
-		}
 	}
 	storedAt, err := waitCount(ctx, e.pool, "SELECT count(*) FROM inbox", w.UniqueMessageIDs, "SELECT max(received_at) FROM inbox")
 	if err != nil {
@@ -151,16 +155,12 @@ func partitionRun(ctx context.Context, o *options, partitions, replicas int) (re
 	if _, err := waitCount(ctx, e.pool, "SELECT count(*) FROM outbox WHERE published_at IS NOT NULL", events, "SELECT max(published_at) FROM outbox"); err != nil {
 		return res, err
 	}
-	cpuAfter, err := postgresCPU()
-	if err != nil {
-		return res, err
-	}
-	walAfter, err := walPosition(ctx, e)
+	after, err := readPostgresCost(ctx, e)
 	if err != nil {
 		return res, err
 	}
 	return partitionResult{
 		stored: storedAt.Sub(start), processed: processedAt.Sub(start), orders: w.UniqueMessageIDs,
-		pgCPU: cpuAfter - cpuBefore, wal: walAfter - walBefore,
+		pgCPU: after.cpu - before.cpu, wal: after.wal - before.wal,
 	}, nil
 }

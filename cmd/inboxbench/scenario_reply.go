@@ -24,14 +24,11 @@ func benchReply(ctx context.Context, o *options, r *report) error {
 		return err
 	}
 	defer e.close()
-	svc, httpAddr, err := e.startInboxd(o)
+	svc, _, err := e.serve(ctx, o)
 	if err != nil {
 		return err
 	}
 	defer svc.stop()
-	if err := waitReady(ctx, httpAddr); err != nil {
-		return err
-	}
 	n := int(o.steadyRate * o.replyDuration.Seconds())
 	w := loadgen.Generate(loadgen.Spec{Orders: n, Seed: 4, Prefix: e.name, SKUs: o.skus})
 

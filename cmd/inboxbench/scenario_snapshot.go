@@ -25,14 +25,11 @@ func benchSnapshot(ctx context.Context, o *options, r *report) error {
 		return err
 	}
 	defer e.close()
-	svc, httpAddr, err := e.startInboxd(o)
+	svc, _, err := e.serve(ctx, o)
 	if err != nil {
 		return err
 	}
 	defer svc.stop()
-	if err := waitReady(ctx, httpAddr); err != nil {
-		return err
-	}
 	n := int(o.snapshotRate * 2 * o.snapshotHold.Seconds())
 	w := loadgen.Generate(loadgen.Spec{Orders: n, Seed: 3, Prefix: e.name, SKUs: o.skus})
 	confirmed, stopConfirmed, err := receiveTimes(ctx, e.amqpURL, "order.confirmed")

@@ -27,14 +27,11 @@ func benchSteady(ctx context.Context, o *options, r *report) error {
 		return err
 	}
 	defer e.close()
-	svc, httpAddr, err := e.startInboxd(o)
+	svc, _, err := e.serve(ctx, o)
 	if err != nil {
 		return err
 	}
 	defer svc.stop()
-	if err := waitReady(ctx, httpAddr); err != nil {
-		return err
-	}
 	n := int(o.steadyRate * o.steadyDuration.Seconds())
 	w := loadgen.Generate(loadgen.Spec{Orders: n, Seed: 2, Prefix: e.name, SKUs: o.skus})
 

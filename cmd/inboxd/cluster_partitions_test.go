@@ -27,12 +27,9 @@ import (
 func TestPartitionedIngestThroughBrokerNodeKills(t *testing.T) {
 	c := testenv.NewCluster(t, 3)
 	db := testenv.NewDB(t)
-	for _, sku := range []string{"SKU-1", "SKU-2", "SKU-3"} {
-		_, err := db.Pool.Exec(t.Context(), "INSERT INTO stock (sku, available) VALUES ($1, $2)", sku, initialStock)
-		require.NoError(t, err)
-	}
+	stockUp(t, db.Pool)
 	require.NoError(t, broker.Declare(c.URL(), partitioned))
-	b := &e2eBundle{db: db, broker: &testenv.Broker{URL: c.URL()}, seen: map[string]int{}, arrivals: map[string][]string{}}
+	b := newBundle(db, &testenv.Broker{URL: c.URL()})
 	b.events = subscribeAcrossNodes(t, c)
 	env := serviceEnv(db, b.broker, "INBOX_PARTITIONS=6", "INBOX_AMQP_HEARTBEAT=2s", "INBOX_CLAIM_LEASE=1s", "INBOX_RELAY_LEASE=2s")
 	startProcess(t, env)

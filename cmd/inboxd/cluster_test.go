@@ -23,10 +23,7 @@ import (
 func TestIngestFollowsTheClusterWhenItsNodeIsKilled(t *testing.T) {
 	c := testenv.NewCluster(t, 3)
 	db := testenv.NewDB(t)
-	for _, sku := range []string{"SKU-1", "SKU-2", "SKU-3"} {
-		_, err := db.Pool.Exec(t.Context(), "INSERT INTO stock (sku, available) VALUES ($1, $2)", sku, initialStock)
-		require.NoError(t, err)
-	}
+	stockUp(t, db.Pool)
 	require.NoError(t, loadgen.DeclareTopology(c.URL(), broker.QueueTypeQuorum))
 	p := startProcess(t, serviceEnv(db, &testenv.Broker{URL: c.URL()}, "INBOX_AMQP_HEARTBEAT=2s"))
 
@@ -38,7 +35,7 @@ func TestIngestFollowsTheClusterWhenItsNodeIsKilled(t *testing.T) {
 		time.Minute, 100*time.Millisecond, "ingest connected")
 	at := slices.Index(c.Nodes, victim)
 	survivor := c.Nodes[(at+1)%len(c.Nodes)]
-	b := &e2eBundle{db: db, broker: &testenv.Broker{URL: survivor.URL}, seen: map[string]int{}, arrivals: map[string][]string{}}
+	b := newBundle(db, &testenv.Broker{URL: survivor.URL})
 	b.subscribeDownstream(t)
 
 	w := loadgen.Generate(loadgen.Spec{Orders: 3000, DuplicateRate: 0.1, Seed: 21})

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -33,17 +34,29 @@ type e2eBundle struct {
 	arrivals map[string][]string
 }
 
+// newBundle is an e2eBundle on db and mq, with no downstream subscription
+// yet.
+func newBundle(db *testenv.DB, mq *testenv.Broker) *e2eBundle {
+	return &e2eBundle{db: db, broker: mq, seen: map[string]int{}, arrivals: map[string][]string{}}
+}
+
+// stockUp stocks initialStock of each SKU loadgen's orders take.
+func stockUp(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	for _, sku := range []string{"SKU-1", "SKU-2", "SKU-3"} {
+		_, err := pool.Exec(t.Context(), "INSERT INTO stock (sku, available) VALUES ($1, $2)", sku, initialStock)
+		require.NoError(t, err)
+	}
+}
+
 func setup(t *testing.T) *e2eBundle {
 	t.Helper()
-	b := &e2eBundle{db: testenv.NewDB(t), broker: testenv.NewBroker(t), seen: map[string]int{}, arrivals: map[string][]string{}}
+	b := newBundle(testenv.NewDB(t), testenv.NewBroker(t))
 	// Declared up front so that nothing published before inboxd connects
 	// is unroutable.
 	require.NoError(t, loadgen.DeclareTopology(b.broker.URL, broker.QueueTypeQuorum))
 	b.subscribeDownstream(t)
-	for _, sku := range []string{"SKU-1", "SKU-2", "SKU-3"} {
-		_, err := b.db.Pool.Exec(t.Context(), "INSERT INTO stock (sku, available) VALUES ($1, $2)", sku, initialStock)
-		require.NoError(t, err)
-	}
+	stockUp(t, b.db.Pool)
 	return b
 }
 

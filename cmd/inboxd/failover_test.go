@@ -56,7 +56,7 @@ func failOver(t *testing.T, synchronous bool) (*e2eBundle, *loadgen.Workload) {
 	t.Cleanup(pool.Close)
 	mq := testenv.NewBroker(t)
 	require.NoError(t, loadgen.DeclareTopology(mq.URL, broker.QueueTypeQuorum))
-	b := &e2eBundle{db: &testenv.DB{URL: pair.URL(), Pool: pool}, broker: mq, seen: map[string]int{}, arrivals: map[string][]string{}}
+	b := newBundle(&testenv.DB{URL: pair.URL(), Pool: pool}, mq)
 	b.subscribeDownstream(t)
 	addr := freeAddr(t)
 	p := startProcess(t, serviceEnv(b.db, mq, "INBOX_CLAIM_LEASE=1s", "HTTP_ADDR="+addr))
@@ -74,10 +74,7 @@ func failOver(t *testing.T, synchronous bool) (*e2eBundle, *loadgen.Workload) {
 		return strings.Contains(body, want)
 	}, 30*time.Second, 100*time.Millisecond, "/readyz: %s", want)
 	require.Equal(t, waits, scrape(t, addr)["inbox_commit_waits_for_standby"])
-	for _, sku := range []string{"SKU-1", "SKU-2", "SKU-3"} {
-		_, err := pool.Exec(t.Context(), "INSERT INTO stock (sku, available) VALUES ($1, $2)", sku, initialStock)
-		require.NoError(t, err)
-	}
+	stockUp(t, pool)
 
 	w := loadgen.Generate(loadgen.Spec{Orders: 3000, DuplicateRate: 0.1, Seed: 22})
 	published := make(chan error, 1)

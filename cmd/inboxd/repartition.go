@@ -11,7 +11,6 @@ import (
 	"github.com/orderconfirm/inboxd/internal/broker"
 	"github.com/orderconfirm/inboxd/internal/ingest"
 	"github.com/orderconfirm/inboxd/internal/migrate"
-	"github.com/orderconfirm/inboxd/internal/orders"
 )
 
 // repartition moves ingest to the layout of INBOX_PARTITIONS (the README's
@@ -43,22 +42,9 @@ func repartition(ctx context.Context, cfg *config, logger *slog.Logger, stdout i
 	}
 	defer pool.Close()
 	for _, n := range others {
-		ing, err := ingest.New(pool, &ingest.Config{
-			URL:                    cfg.amqpURL,
-			Logger:                 logger,
-			ConnectionName:         "inboxd repartition",
-			QueueType:              cfg.queueType,
-			Partitions:             n,
-			BatchSize:              cfg.ingestBatchSize,
-			Linger:                 cfg.ingestLinger,
-			Prefetch:               cfg.prefetch,
-			MaxInflightBytes:       cfg.maxInflightBytes,
-			MaxMessageBytes:        cfg.maxMessageBytes,
-			DeriveMissingMessageID: cfg.deriveMessageID,
-			Heartbeat:              cfg.amqpHeartbeat,
-			StoreTimeout:           cfg.ingestStoreTimeout,
-			OrderingKey:            orders.OrderingKey,
-		})
+		settings := ingestSettings(cfg, logger, "inboxd repartition")
+		settings.Partitions = n // the layout drained, for its header rule
+		ing, err := ingest.New(pool, settings)
 		if err != nil {
 			return err
 		}

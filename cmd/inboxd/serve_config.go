@@ -70,10 +70,20 @@ func workerConfig(cfg *config, d pipelineDeps) *inbox.WorkerConfig {
 }
 
 func ingestConfig(cfg *config, d pipelineDeps) *ingest.Config {
+	c := ingestSettings(cfg, d.logger, "inboxd ingest "+d.process)
+	c.Observe = d.metrics.ObserveIngest
+	c.Tracer = d.tracer
+	return c
+}
+
+// ingestSettings is the ingest configuration the settings in cfg make,
+// without the service's metrics and tracer: serve's, and repartition's
+// (which drains a former layout with it).
+func ingestSettings(cfg *config, logger *slog.Logger, connectionName string) *ingest.Config {
 	return &ingest.Config{
 		URL:                    cfg.amqpURL,
-		Logger:                 d.logger,
-		ConnectionName:         "inboxd ingest " + d.process,
+		Logger:                 logger,
+		ConnectionName:         connectionName,
 		QueueType:              cfg.queueType,
 		Partitions:             cfg.partitions,
 		BatchSize:              cfg.ingestBatchSize,
@@ -85,8 +95,6 @@ func ingestConfig(cfg *config, d pipelineDeps) *ingest.Config {
 		Heartbeat:              cfg.amqpHeartbeat,
 		StoreTimeout:           cfg.ingestStoreTimeout,
 		OrderingKey:            orders.OrderingKey,
-		Observe:                d.metrics.ObserveIngest,
-		Tracer:                 d.tracer,
 	}
 }
 

@@ -15,8 +15,8 @@ const (
 	// order meets in one queue.
 	HeaderOrderID = "x-order-id"
 	// QueueIngestReplicas is a transient queue nothing is published to:
-	// every replica's partitioned ingest consumes it, and its consumer count
-	// tells each how many replicas share the partitions.
+	// every replica's partitioned ingest declares and consumes it, and its
+	// consumer count tells each how many replicas share the partitions.
 	QueueIngestReplicas = "order-confirmation.ingest-replicas"
 	// MaxPartitions is the most inbox queues a layout may have.
 	MaxPartitions = 64
@@ -122,7 +122,7 @@ func OtherLayouts(conn *amqp.Connection, partitions int) ([]int, error) {
 // InspectQueue returns what the broker says of a queue: its ready messages
 // and its consumers (for a queue with a single active consumer, 1 when it
 // has any). It fails with a NOT_FOUND *amqp.Error when the queue does not
-// exist (see IsNotFound).
+// exist.
 func InspectQueue(conn *amqp.Connection, name string) (amqp.Queue, error) {
 	var q amqp.Queue
 	err := withChannel(conn, func(ch *amqp.Channel) error {
@@ -132,10 +132,6 @@ func InspectQueue(conn *amqp.Connection, name string) (amqp.Queue, error) {
 	})
 	return q, err
 }
-
-// IsNotFound reports whether err is the broker saying that an entity does
-// not exist.
-func IsNotFound(err error) bool { return isNotFound(err) }
 
 // LayoutQueues returns the queues of the layout of n partitions that exist,
 // with their ready messages and consumers.
@@ -153,19 +149,30 @@ func LayoutQueues(conn *amqp.Connection, n int) ([]amqp.Queue, error) {
 	return queues, nil
 }
 
-// inUse returns a *LayoutConflictError for the first queue of the layout of
-// n partitions that holds messages or has consumers, or nil.
-func inUse(conn *amqp.Connection, partitions, n int) error {
+// busyQueue returns the first queue of the layout of n partitions that
+// holds messages or has consumers, or nil when none does.
+func busyQueue(conn *amqp.Connection, n int) (*amqp.Queue, error) {
 	queues, err := LayoutQueues(conn, n)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	for _, q := range queues {
 		if q.Messages > 0 || q.Consumers > 0 {
-			return &LayoutConflictError{Partitions: partitions, Other: n, Queue: q.Name, Messages: q.Messages, Consumers: q.Consumers}
+			return &q, nil
 		}
 	}
-	return nil
+	return nil, nil
+}
+
+// inUse returns a *LayoutConflictError, for a service asked for the layout
+// of partitions, when a queue of the layout of n partitions holds messages
+// or has consumers.
+func inUse(conn *amqp.Connection, partitions, n int) error {
+	q, err := busyQueue(conn, n)
+	if err != nil || q == nil {
+		return err
+	}
+	return &LayoutConflictError{Partitions: partitions, Other: n, Queue: q.Name, Messages: q.Messages, Consumers: q.Consumers}
 }
 
 // idleOtherLayouts returns the layouts other than partitions' that exist,
@@ -191,14 +198,10 @@ func idleOtherLayouts(conn *amqp.Connection, partitions int) ([]int, error) {
 // and deletes nothing otherwise; it is for a layout that is unbound
 // already, where nothing new can arrive.
 func DeleteLayout(conn *amqp.Connection, n int) error {
-	queues, err := LayoutQueues(conn, n)
-	if err != nil {
+	if q, err := busyQueue(conn, n); err != nil {
 		return err
-	}
-	for _, q := range queues {
-		if q.Messages > 0 || q.Consumers > 0 {
-			return fmt.Errorf("not deleting the layout of %d partitions: queue %s holds %d messages and has %d consumers", n, q.Name, q.Messages, q.Consumers)
-		}
+	} else if q != nil {
+		return fmt.Errorf("not deleting the layout of %d partitions: queue %s holds %d messages and has %d consumers", n, q.Name, q.Messages, q.Consumers)
 	}
 	for _, name := range InboxQueues(n) {
 		err := withChannel(conn, func(ch *amqp.Channel) error {
@@ -278,9 +281,6 @@ func declareLayout(ch *amqp.Channel, t Topology) error {
 		if err := ch.ExchangeBind(ex, key, ExchangeOrders, false, nil); err != nil {
 			return fmt.Errorf("bind exchange %q to %q with %q: %w", ex, ExchangeOrders, key, err)
 		}
-	}
-	if _, err := ch.QueueDeclare(QueueIngestReplicas, false, true, false, false, amqp.Table{amqp.QueueTypeArg: QueueTypeClassic}); err != nil {
-		return fmt.Errorf("declare queue %q: %w", QueueIngestReplicas, err)
 	}
 	return nil
 }
