@@ -2,6 +2,7 @@ package ingest_test
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -27,6 +28,9 @@ func TestPartitionedIngest(t *testing.T) {
 	require.NoError(t, broker.Declare(b.broker.URL, broker.Topology{QueueType: broker.QueueTypeQuorum, Partitions: partitions}))
 
 	msgs := messages("p", 200)
+	// The longest legal ids: a 255-byte order id hashes and stores as any.
+	longest := strings.Repeat("o", 255)
+	msgs = append(msgs, loadgen.Message{MessageID: longest, RoutingKey: "order.created", Body: loadgen.OrderCreatedBody(longest, 1)})
 	for n := range msgs {
 		msgs[n].OrderID = msgs[n].MessageID // the body's orderId
 	}
