@@ -7,8 +7,9 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/orderconfirm/inboxd/internal/tracing"
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/orderconfirm/inboxd/internal/tracing"
 )
 
 // batch accumulates deliveries of one channel until they are flushed.
