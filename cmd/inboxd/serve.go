@@ -8,8 +8,10 @@ import (
 	"log/slog"
 	"net/http"
 	"runtime/debug"
+	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -21,6 +23,7 @@ import (
 	"github.com/orderconfirm/inboxd/internal/orders"
 	"github.com/orderconfirm/inboxd/internal/outbox"
 	"github.com/orderconfirm/inboxd/internal/pipeline"
+	"github.com/orderconfirm/inboxd/internal/retry"
 	"github.com/orderconfirm/inboxd/internal/startstop"
 	"github.com/orderconfirm/inboxd/internal/statuspage"
 	"github.com/orderconfirm/inboxd/internal/tracing"
@@ -37,6 +40,45 @@ func migrateUp(ctx context.Context, cfg *config, logger *slog.Logger) error {
 	}
 	logger.Info("database migrated", slog.Int("applied", n))
 	return nil
+}
+
+// schemaRetryFor bounds how long serve tries again to migrate, or check,
+// the schema while the database ends its sessions (a restart, a failover,
+// pg_terminate_backend): past it, serve exits with the error.
+const schemaRetryFor = 30 * time.Second
+
+// readySchema migrates the schema (INBOX_MIGRATE) or checks that it is
+// migrated, trying again while the database ends the session it runs on.
+// Any other error, a database that refuses connections included, ends it
+// at once.
+func readySchema(ctx context.Context, cfg *config, logger *slog.Logger) error {
+	failures := retry.Failures{Policy: retry.Session}
+	deadline := time.Now().Add(schemaRetryFor)
+	for {
+		var err error
+		if cfg.migrate {
+			err = migrateUp(ctx, cfg, logger)
+		} else {
+			err = migrate.Check(ctx, cfg.dbConfig.ConnConfig)
+		}
+		if err == nil || !sessionEnded(err) || time.Now().After(deadline) {
+			return err
+		}
+		delay := failures.Next()
+		logger.Warn("the database ended the session readying the schema; trying again",
+			slog.String("error", err.Error()), slog.Duration("retry_in", delay))
+		if !retry.Sleep(ctx, delay) {
+			return err
+		}
+	}
+}
+
+// sessionEnded reports whether err is the database ending the session or
+// its connection (classes 57P, shutdown and termination, and 08), not the
+// statement's fault.
+func sessionEnded(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (strings.HasPrefix(pgErr.Code, "57P") || strings.HasPrefix(pgErr.Code, "08"))
 }
 
 // memoryHeadroom is what serve's memory limit allows beyond the bodies in
@@ -133,11 +175,7 @@ func prepare(ctx context.Context, cfg *config, logger *slog.Logger) error {
 		// not, unless the collector runs before the heap doubles.
 		debug.SetMemoryLimit(int64(cfg.maxInflightBytes) + memoryHeadroom)
 	}
-	if cfg.migrate {
-		if err := migrateUp(ctx, cfg, logger); err != nil {
-			return err
-		}
-	} else if err := migrate.Check(ctx, cfg.dbConfig.ConnConfig); err != nil {
+	if err := readySchema(ctx, cfg, logger); err != nil {
 		return err
 	}
 	// A broker that is down is waited for in the background; a topology
