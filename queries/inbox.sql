@@ -97,6 +97,10 @@ SELECT (CASE WHEN EXISTS (SELECT 1 FROM due) THEN inbox_reply_answer(array(SELEC
 --
 -- session is the key of the liveness lock the claiming process holds (see
 -- InboxHoldLiveness), or 0 when it holds none.
+--
+-- The scan starts at the claim floor (see InboxClaimFloorRaise): under it
+-- every message has ended, and an old snapshot would leave the index full
+-- of their entries.
 UPDATE inbox
 SET attempts = inbox.attempts + 1,
     claimed_at = now(),
@@ -107,6 +111,7 @@ WHERE inbox.id IN (
     SELECT i.id
     FROM inbox i
     WHERE i.status = 'pending'
+      AND i.id >= inbox_claim_floor()
       AND i.next_attempt_at <= now()
       AND i.claimed_at IS NULL
       AND (i.order_key IS NULL OR NOT EXISTS (
@@ -150,6 +155,7 @@ WITH target AS (
            i.claimed_at < pg_postmaster_start_time() AS lost_to_restart
     FROM inbox i
     WHERE i.status = 'pending'
+      AND i.id >= inbox_claim_floor()
       AND i.next_attempt_at <= now()
       AND i.claimed_at IS NOT NULL
       -- A live claim is never taken over: the lease covers only claims
@@ -356,7 +362,8 @@ SELECT message_id::text AS message_id, stored_sha256, conflicting_sha256, delive
 -- lease: it handles such a message only alone, so none of its batches has it.
 SELECT EXISTS (
     SELECT 1 FROM inbox i
-    WHERE i.status = 'pending' AND i.next_attempt_at <= now() AND i.claimed_at IS NOT NULL
+    WHERE i.status = 'pending' AND i.id >= inbox_claim_floor()
+      AND i.next_attempt_at <= now() AND i.claimed_at IS NOT NULL
       AND CASE WHEN i.claimed_session IS NULL OR i.claimed_session = nullif(sqlc.arg(session)::bigint, 0)
                THEN i.claimed_at < now() - make_interval(secs => sqlc.arg(lease_seconds)::float8)
                ELSE i.claimed_session NOT IN (SELECT inbox_live_sessions()) END
@@ -373,3 +380,13 @@ SELECT EXISTS (
 -- that session ends, and with it the process's claims (see
 -- InboxClaimUnfinished).
 SELECT pg_advisory_lock(sqlc.arg(session)::bigint);
+
+-- name: InboxClaimFloorRaise :one
+-- InboxClaimFloorRaise raises the inbox's claim floor as far as the note
+-- from the call before proves safe, and returns the floor and the next
+-- note (noted_last and noted are NULL the first time). The claims start
+-- their scans at the floor: every pending message has an id at least this
+-- (migration 00022 has the argument). It runs as a statement of its own,
+-- under READ COMMITTED.
+SELECT r.floor::bigint AS floor, r.next_last::bigint AS next_last, r.next_noted::text AS next_noted
+FROM inbox_claim_floor_raise(sqlc.narg(noted_last)::bigint, sqlc.narg(noted)::text::pg_snapshot) AS r;

@@ -38,6 +38,9 @@ ON CONFLICT (idempotency_key) DO NOTHING;
 -- filled with rows that can go; the rows held back by one another relay is
 -- publishing are left out after it, and are at most that relay's batch.
 --
+-- The scan starts at the claim floor (see OutboxClaimFloorRaise): under it
+-- every row is published or dead.
+--
 -- claimed_at is set only by releases before this one, which claimed rows in
 -- a transaction of their own; such a claim is respected for lease_ms.
 WITH candidate AS (
@@ -45,6 +48,7 @@ WITH candidate AS (
     FROM outbox o
     WHERE o.published_at IS NULL
       AND o.dead_at IS NULL
+      AND o.id >= outbox_claim_floor()
       AND (o.claimed_at IS NULL OR o.claimed_at < now() - sqlc.arg(lease_ms)::bigint * interval '1 millisecond')
       AND o.next_attempt_at <= now()
       AND (o.order_key IS NULL OR NOT EXISTS (
@@ -91,3 +95,10 @@ SET published_at = NULL,
     next_attempt_at = now() + sqlc.arg(retry_delay_ms)::bigint * interval '1 millisecond',
     dead_at = CASE WHEN @refused::boolean AND attempts >= @max_attempts::integer THEN statement_timestamp() END
 WHERE id = ANY(@ids::bigint[]);
+
+-- name: OutboxClaimFloorRaise :one
+-- OutboxClaimFloorRaise does for the outbox what InboxClaimFloorRaise does
+-- for the inbox: every row neither published nor dead has an id at least
+-- the floor.
+SELECT r.floor::bigint AS floor, r.next_last::bigint AS next_last, r.next_noted::text AS next_noted
+FROM outbox_claim_floor_raise(sqlc.narg(noted_last)::bigint, sqlc.narg(noted)::text::pg_snapshot) AS r;

@@ -8,6 +8,8 @@ package dbsqlc
 import (
 	"context"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 const inboxClaimBatch = `-- name: InboxClaimBatch :many
@@ -21,6 +23,7 @@ WHERE inbox.id IN (
     SELECT i.id
     FROM inbox i
     WHERE i.status = 'pending'
+      AND i.id >= inbox_claim_floor()
       AND i.next_attempt_at <= now()
       AND i.claimed_at IS NULL
       AND (i.order_key IS NULL OR NOT EXISTS (
@@ -61,6 +64,10 @@ type InboxClaimBatchRow struct {
 //
 // session is the key of the liveness lock the claiming process holds (see
 // InboxHoldLiveness), or 0 when it holds none.
+//
+// The scan starts at the claim floor (see InboxClaimFloorRaise): under it
+// every message has ended, and an old snapshot would leave the index full
+// of their entries.
 func (q *Queries) InboxClaimBatch(ctx context.Context, db DBTX, arg InboxClaimBatchParams) ([]InboxClaimBatchRow, error) {
 	rows, err := db.Query(ctx, inboxClaimBatch,
 		arg.Process,
@@ -86,12 +93,42 @@ func (q *Queries) InboxClaimBatch(ctx context.Context, db DBTX, arg InboxClaimBa
 	return items, nil
 }
 
+const inboxClaimFloorRaise = `-- name: InboxClaimFloorRaise :one
+SELECT r.floor::bigint AS floor, r.next_last::bigint AS next_last, r.next_noted::text AS next_noted
+FROM inbox_claim_floor_raise($1::bigint, $2::text::pg_snapshot) AS r
+`
+
+type InboxClaimFloorRaiseParams struct {
+	NotedLast pgtype.Int8
+	Noted     pgtype.Text
+}
+
+type InboxClaimFloorRaiseRow struct {
+	Floor     int64
+	NextLast  int64
+	NextNoted string
+}
+
+// InboxClaimFloorRaise raises the inbox's claim floor as far as the note
+// from the call before proves safe, and returns the floor and the next
+// note (noted_last and noted are NULL the first time). The claims start
+// their scans at the floor: every pending message has an id at least this
+// (migration 00022 has the argument). It runs as a statement of its own,
+// under READ COMMITTED.
+func (q *Queries) InboxClaimFloorRaise(ctx context.Context, db DBTX, arg InboxClaimFloorRaiseParams) (InboxClaimFloorRaiseRow, error) {
+	row := db.QueryRow(ctx, inboxClaimFloorRaise, arg.NotedLast, arg.Noted)
+	var i InboxClaimFloorRaiseRow
+	err := row.Scan(&i.Floor, &i.NextLast, &i.NextNoted)
+	return i, err
+}
+
 const inboxClaimUnfinished = `-- name: InboxClaimUnfinished :many
 WITH target AS (
     SELECT i.id, i.message_id, i.attempts, i.replay_count, i.claimed_at, i.claimed_by, i.claimed_build,
            i.claimed_at < pg_postmaster_start_time() AS lost_to_restart
     FROM inbox i
     WHERE i.status = 'pending'
+      AND i.id >= inbox_claim_floor()
       AND i.next_attempt_at <= now()
       AND i.claimed_at IS NOT NULL
       -- A live claim is never taken over: the lease covers only claims
@@ -350,7 +387,8 @@ func (q *Queries) InboxGiveBack(ctx context.Context, db DBTX, arg InboxGiveBackP
 const inboxHasUnfinished = `-- name: InboxHasUnfinished :one
 SELECT EXISTS (
     SELECT 1 FROM inbox i
-    WHERE i.status = 'pending' AND i.next_attempt_at <= now() AND i.claimed_at IS NOT NULL
+    WHERE i.status = 'pending' AND i.id >= inbox_claim_floor()
+      AND i.next_attempt_at <= now() AND i.claimed_at IS NOT NULL
       AND CASE WHEN i.claimed_session IS NULL OR i.claimed_session = nullif($1::bigint, 0)
                THEN i.claimed_at < now() - make_interval(secs => $2::float8)
                ELSE i.claimed_session NOT IN (SELECT inbox_live_sessions()) END

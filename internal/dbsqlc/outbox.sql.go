@@ -8,6 +8,8 @@ package dbsqlc
 import (
 	"context"
 	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 const outboxClaimBatch = `-- name: OutboxClaimBatch :many
@@ -16,6 +18,7 @@ WITH candidate AS (
     FROM outbox o
     WHERE o.published_at IS NULL
       AND o.dead_at IS NULL
+      AND o.id >= outbox_claim_floor()
       AND (o.claimed_at IS NULL OR o.claimed_at < now() - $1::bigint * interval '1 millisecond')
       AND o.next_attempt_at <= now()
       AND (o.order_key IS NULL OR NOT EXISTS (
@@ -93,6 +96,9 @@ type OutboxClaimBatchRow struct {
 // filled with rows that can go; the rows held back by one another relay is
 // publishing are left out after it, and are at most that relay's batch.
 //
+// The scan starts at the claim floor (see OutboxClaimFloorRaise): under it
+// every row is published or dead.
+//
 // claimed_at is set only by releases before this one, which claimed rows in
 // a transaction of their own; such a claim is respected for lease_ms.
 func (q *Queries) OutboxClaimBatch(ctx context.Context, db DBTX, arg OutboxClaimBatchParams) ([]OutboxClaimBatchRow, error) {
@@ -125,6 +131,32 @@ func (q *Queries) OutboxClaimBatch(ctx context.Context, db DBTX, arg OutboxClaim
 		return nil, err
 	}
 	return items, nil
+}
+
+const outboxClaimFloorRaise = `-- name: OutboxClaimFloorRaise :one
+SELECT r.floor::bigint AS floor, r.next_last::bigint AS next_last, r.next_noted::text AS next_noted
+FROM outbox_claim_floor_raise($1::bigint, $2::text::pg_snapshot) AS r
+`
+
+type OutboxClaimFloorRaiseParams struct {
+	NotedLast pgtype.Int8
+	Noted     pgtype.Text
+}
+
+type OutboxClaimFloorRaiseRow struct {
+	Floor     int64
+	NextLast  int64
+	NextNoted string
+}
+
+// OutboxClaimFloorRaise does for the outbox what InboxClaimFloorRaise does
+// for the inbox: every row neither published nor dead has an id at least
+// the floor.
+func (q *Queries) OutboxClaimFloorRaise(ctx context.Context, db DBTX, arg OutboxClaimFloorRaiseParams) (OutboxClaimFloorRaiseRow, error) {
+	row := db.QueryRow(ctx, outboxClaimFloorRaise, arg.NotedLast, arg.Noted)
+	var i OutboxClaimFloorRaiseRow
+	err := row.Scan(&i.Floor, &i.NextLast, &i.NextNoted)
+	return i, err
 }
 
 const outboxInsertMany = `-- name: OutboxInsertMany :exec

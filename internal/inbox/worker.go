@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/orderconfirm/inboxd/internal/claimfloor"
 	"github.com/orderconfirm/inboxd/internal/dbsqlc"
 	"github.com/orderconfirm/inboxd/internal/retry"
 	"github.com/orderconfirm/inboxd/internal/startstop"
@@ -38,6 +39,8 @@ type Worker struct {
 	takeover *takeover
 
 	live *liveness
+	// floor raises the claim floor the claims scan from.
+	floor *claimfloor.Keeper
 	// lost holds the claims to give back before the next claim.
 	lost lostClaims
 	// answerCursor is the last reply request answerLeft looked at.
@@ -60,6 +63,7 @@ func NewWorker(pool *pgxpool.Pool, cfg *WorkerConfig) (*Worker, error) {
 		wake:    make(chan struct{}, 1),
 		live:    newLiveness(),
 	}
+	w.floor = &claimfloor.Keeper{Raise: claimfloor.Inbox(pool), Logger: w.logger}
 	w.takeover = &takeover{
 		batchSize: c.BatchSize,
 		interval:  c.PollInterval,
@@ -95,6 +99,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		}
 		wg.Go(func() { w.takeover.loop(fetchCtx, workCtx) })
 		wg.Go(func() { w.answerLoop(fetchCtx, w.cfg.PollInterval) })
+		wg.Go(func() { w.floor.Run(fetchCtx) })
 		wg.Wait()
 	})
 }

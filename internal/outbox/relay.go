@@ -11,6 +11,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -18,6 +19,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/orderconfirm/inboxd/internal/broker"
+	"github.com/orderconfirm/inboxd/internal/claimfloor"
 	"github.com/orderconfirm/inboxd/internal/dbsqlc"
 	"github.com/orderconfirm/inboxd/internal/retry"
 	"github.com/orderconfirm/inboxd/internal/startstop"
@@ -134,6 +136,8 @@ type Relay struct {
 	// alarm is the current session's: whether the broker blocks its
 	// connection.
 	alarm atomic.Pointer[broker.Alarm]
+	// floor raises the claim floor the claims scan from.
+	floor *claimfloor.Keeper
 
 	service startstop.Service
 }
@@ -144,13 +148,15 @@ func NewRelay(pool *pgxpool.Pool, cfg *RelayConfig) (*Relay, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Relay{
+	r := &Relay{
 		pool:    pool,
 		cfg:     c,
 		logger:  c.Logger.With(slog.String("component", "outbox.relay")),
 		queries: dbsqlc.New(),
 		wake:    make(chan struct{}, 1),
-	}, nil
+	}
+	r.floor = &claimfloor.Keeper{Raise: claimfloor.Outbox(pool), Logger: r.logger}
+	return r, nil
 }
 
 // Notify wakes the relay to look for rows. It never blocks.
@@ -188,7 +194,12 @@ func (r *Relay) Blocked() (bool, string) { return r.alarm.Load().Active() }
 
 // Start connects in the background and returns at once.
 func (r *Relay) Start(ctx context.Context) error {
-	return r.service.Start(ctx, r.run)
+	return r.service.Start(ctx, func(ctx, workCtx context.Context) {
+		var wg sync.WaitGroup
+		wg.Go(func() { r.floor.Run(ctx) })
+		r.run(ctx, workCtx)
+		wg.Wait()
+	})
 }
 
 // Stop stops the relay after the batch in flight, or when ctx ends. The rows

@@ -1,0 +1,111 @@
+// Package claimfloor keeps a claim floor: the id under which no row of a
+// table can be claimed any more, where the claims of that table start their
+// scans. Without it, a snapshot held open for minutes (an analytics query,
+// pg_dump, a standby with hot_standby_feedback) leaves every claim wading
+// through the index entries of every row ended since, which vacuum may not
+// remove. Migration 00022 keeps the floors in PostgreSQL and has the
+// argument for why raising one is safe; this package only calls it.
+package claimfloor
+
+import (
+	"context"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgtype"
+
+	"github.com/orderconfirm/inboxd/internal/dbsqlc"
+	"github.com/orderconfirm/inboxd/internal/retry"
+)
+
+// IntervalDefault is how often a Keeper raises its floor. The floor trails
+// the table by about two intervals, so a claim scans past at most that
+// much of the table's ended rows.
+const IntervalDefault = 250 * time.Millisecond
+
+// Note is what a raise leaves for the next one: the last id the table had
+// handed out, then the transactions running at that moment (a pg_snapshot
+// as text). The floor may rise past Last once all of those have ended.
+type Note struct {
+	Last    pgtype.Int8
+	Running pgtype.Text
+}
+
+// Raise raises a floor as far as note proves safe and returns the floor
+// and the next note. A zero Note (NULLs) proves nothing: the first call
+// only notes.
+type Raise func(ctx context.Context, note Note) (floor int64, next Note, err error)
+
+// Keeper raises one floor at every Interval until its context ends. Any
+// number of Keepers, in any number of processes, may raise the same floor:
+// each raise is safe on its own.
+type Keeper struct {
+	// Raise is the statement that raises the floor.
+	Raise Raise
+	// Interval defaults to IntervalDefault.
+	Interval time.Duration
+	// Logger receives the failures.
+	Logger *slog.Logger
+
+	floor atomic.Int64
+}
+
+// Floor returns the floor as of the last raise (0 before the first).
+func (k *Keeper) Floor() int64 { return k.floor.Load() }
+
+// Run raises the floor until ctx ends. A failed raise is logged and tried
+// again with backoff; the note it had is kept, since it stays true.
+func (k *Keeper) Run(ctx context.Context) {
+	interval := k.Interval
+	if interval <= 0 {
+		interval = IntervalDefault
+	}
+	logger := k.Logger
+	if logger == nil {
+		logger = slog.Default()
+	}
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	failures := retry.Failures{Policy: retry.Transient}
+	var note Note
+	for ctx.Err() == nil {
+		floor, next, err := k.Raise(ctx, note)
+		if err != nil {
+			if !failures.Wait(ctx, logger, "raising the claim floor failed", err) {
+				return
+			}
+			continue
+		}
+		failures.Reset()
+		k.floor.Store(floor)
+		note = next
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// Inbox returns the Raise of the inbox's floor, through db.
+func Inbox(db dbsqlc.DBTX) Raise {
+	q := dbsqlc.New()
+	return func(ctx context.Context, note Note) (int64, Note, error) {
+		r, err := q.InboxClaimFloorRaise(ctx, db, dbsqlc.InboxClaimFloorRaiseParams{NotedLast: note.Last, Noted: note.Running})
+		return r.Floor, noted(r.NextLast, r.NextNoted), err
+	}
+}
+
+// Outbox returns the Raise of the outbox's floor, through db.
+func Outbox(db dbsqlc.DBTX) Raise {
+	q := dbsqlc.New()
+	return func(ctx context.Context, note Note) (int64, Note, error) {
+		r, err := q.OutboxClaimFloorRaise(ctx, db, dbsqlc.OutboxClaimFloorRaiseParams{NotedLast: note.Last, Noted: note.Running})
+		return r.Floor, noted(r.NextLast, r.NextNoted), err
+	}
+}
+
+func noted(last int64, running string) Note {
+	return Note{Last: pgtype.Int8{Int64: last, Valid: true}, Running: pgtype.Text{String: running, Valid: true}}
+}
