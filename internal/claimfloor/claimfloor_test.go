@@ -1,0 +1,232 @@
+package claimfloor_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/orderconfirm/inboxd/internal/claimfloor"
+	"github.com/orderconfirm/inboxd/internal/dbsqlc"
+	"github.com/orderconfirm/inboxd/internal/pipeline"
+	"github.com/orderconfirm/inboxd/internal/testenv"
+	"github.com/orderconfirm/inboxd/internal/testfactory"
+)
+
+func TestMain(m *testing.M) { testenv.MainNoLeaks(m) }
+
+// keeper raises one floor by hand, a round at a time, as Keeper.Run does.
+type keeper struct {
+	raise claimfloor.Raise
+	note  claimfloor.Note
+}
+
+// settle raises the floor for 20 rounds, 25 ms apart, and returns where it
+// ended: time enough for the transactions each round notes (other tests',
+// too: the note holds the whole server's) to end.
+func (k *keeper) settle(t *testing.T) int64 {
+	t.Helper()
+	var floor int64
+	for range 20 {
+		var err error
+		floor, k.note, err = k.raise(t.Context(), k.note)
+		require.NoError(t, err)
+		time.Sleep(25 * time.Millisecond)
+	}
+	return floor
+}
+
+var q = dbsqlc.New()
+
+func claimInbox(t *testing.T, db dbsqlc.DBTX) []int64 {
+	t.Helper()
+	rows, err := q.InboxClaimBatch(t.Context(), db, dbsqlc.InboxClaimBatchParams{Process: "test", Build: "test", MaxRows: 100})
+	require.NoError(t, err)
+	var ids []int64
+	for _, r := range rows {
+		ids = append(ids, r.ID)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+func claimOutbox(t *testing.T, db dbsqlc.DBTX) []int64 {
+	t.Helper()
+	rows, err := q.OutboxClaimBatch(t.Context(), db, dbsqlc.OutboxClaimBatchParams{LeaseMs: 60_000, MaxRows: 100})
+	require.NoError(t, err)
+	var ids []int64
+	for _, r := range rows {
+		ids = append(ids, r.ID)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+func processed(t *testing.T, db dbsqlc.DBTX, n int, prefix string) []int64 {
+	t.Helper()
+	now := time.Now()
+	var ids []int64
+	for i := range n {
+		ids = append(ids, testfactory.InboxRow(t.Context(), t, db, &testfactory.InboxRowOpts{
+			MessageID: fmt.Sprintf("%s-%d", prefix, i), Status: "processed", ProcessedAt: &now,
+		}))
+	}
+	return ids
+}
+
+// A row whose transaction took its id before later rows committed, and
+// commits after them (ingest's transactions commit in any order), is never
+// left under the floor.
+func TestTheFloorWaitsForATransactionThatHoldsAnEarlierId(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	ctx := t.Context()
+	k := &keeper{raise: claimfloor.Inbox(db.Pool)}
+
+	before := processed(t, db.Pool, 5, "before")
+	require.Greater(t, k.settle(t), before[len(before)-1], "the floor rises past ended rows")
+
+	tx, err := db.Session(t).Begin(ctx)
+	require.NoError(t, err)
+	late := testfactory.InboxRow(ctx, t, tx, &testfactory.InboxRowOpts{MessageID: "late"})
+	after := processed(t, db.Pool, 5, "after")
+	require.Greater(t, after[0], late)
+	require.LessOrEqual(t, k.settle(t), late, "an uncommitted row holds the floor")
+	require.NoError(t, tx.Commit(ctx))
+
+	require.LessOrEqual(t, k.settle(t), late)
+	require.Equal(t, []int64{late}, claimInbox(t, db.Pool))
+}
+
+// A replay opens a row far under the floor, and the keeper may be raising
+// it at that very moment: the row is claimed all the same. The same holds
+// for a dead outbox row replayed.
+func TestAReplayUnderTheFloorIsClaimed(t *testing.T) {
+	t.Parallel()
+
+	t.Run("Inbox", func(t *testing.T) {
+		t.Parallel()
+		db := testenv.NewDB(t)
+		ctx := t.Context()
+		k := &keeper{raise: claimfloor.Inbox(db.Pool)}
+		ids := processed(t, db.Pool, 10, "m")
+		require.Greater(t, k.settle(t), ids[9])
+
+		tx, err := db.Session(t).Begin(ctx)
+		require.NoError(t, err)
+		_, err = tx.Exec(ctx, "UPDATE inbox SET replay_requested = true, replay_reason = 'test' WHERE id = $1", ids[3])
+		require.NoError(t, err)
+		require.LessOrEqual(t, k.settle(t), ids[3], "the keeper raises nothing past a replay it cannot see yet")
+		require.NoError(t, tx.Commit(ctx))
+
+		require.Equal(t, []int64{ids[3]}, claimInbox(t, db.Pool))
+	})
+
+	t.Run("Outbox", func(t *testing.T) {
+		t.Parallel()
+		db := testenv.NewDB(t)
+		ctx := t.Context()
+		k := &keeper{raise: claimfloor.Outbox(db.Pool)}
+		ids := outboxRows(t, db.Pool, "e", 10)
+		_, err := db.Pool.Exec(ctx, "UPDATE outbox SET published_at = now()")
+		require.NoError(t, err)
+		_, err = db.Pool.Exec(ctx, "UPDATE outbox SET published_at = NULL, dead_at = now(), last_error = 'refused' WHERE id = $1", ids[3])
+		require.NoError(t, err)
+		require.Greater(t, k.settle(t), ids[9])
+
+		tx, err := db.Session(t).Begin(ctx)
+		require.NoError(t, err)
+		_, err = tx.Exec(ctx, "UPDATE outbox SET replay_requested = true, replay_reason = 'test' WHERE id = $1", ids[3])
+		require.NoError(t, err)
+		require.LessOrEqual(t, k.settle(t), ids[3])
+		require.NoError(t, tx.Commit(ctx))
+
+		require.Equal(t, []int64{ids[3]}, claimOutbox(t, db.Pool))
+	})
+}
+
+func outboxRows(t *testing.T, db dbsqlc.DBTX, prefix string, n int) []int64 {
+	t.Helper()
+	var p dbsqlc.OutboxInsertManyParams
+	for i := range n {
+		id := fmt.Sprintf("%s-%d", prefix, i)
+		p.IdempotencyKeys = append(p.IdempotencyKeys, id+":order.confirmed")
+		p.RoutingKeys = append(p.RoutingKeys, "order.confirmed")
+		p.Payloads = append(p.Payloads, "{}")
+		p.MessageIds = append(p.MessageIds, id)
+		p.OrderKeys = append(p.OrderKeys, "")
+	}
+	require.NoError(t, q.OutboxInsertMany(t.Context(), db, p))
+	rows, err := db.Query(t.Context(), "SELECT id FROM outbox WHERE message_id LIKE $1 || '-%' ORDER BY id", prefix)
+	require.NoError(t, err)
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	require.NoError(t, err)
+	require.Len(t, ids, n)
+	return ids
+}
+
+// With a snapshot held open, the index entries of every row ended since
+// stay; a claim that starts at the floor reads past a round's worth of
+// them, not all of them. Index entries read are counted by PostgreSQL for
+// the claim's own transaction.
+func TestAClaimUnderAnOldSnapshotSkipsTheEndedRows(t *testing.T) {
+	t.Parallel()
+	const ended = 5000
+	for _, c := range []struct {
+		name, index string
+		raise       func(dbsqlc.DBTX) claimfloor.Raise
+		fill        func(t *testing.T, db *testenv.DB) // ended rows, then 10 open ones
+		claim       func(t *testing.T, db dbsqlc.DBTX) []int64
+	}{
+		{"Inbox", "inbox_pending_idx", claimfloor.Inbox, func(t *testing.T, db *testenv.DB) {
+			_, err := db.Pool.Exec(t.Context(), `
+				INSERT INTO inbox (message_id, message_type, payload)
+				SELECT 'old-' || g, 'order.created', '{}' FROM generate_series(1, $1::integer) g`, ended)
+			require.NoError(t, err)
+			_, err = db.Pool.Exec(t.Context(), "UPDATE inbox SET status = 'processed', processed_at = now()")
+			require.NoError(t, err)
+			for i := range 10 {
+				testfactory.InboxRow(t.Context(), t, db.Pool, &testfactory.InboxRowOpts{MessageID: fmt.Sprintf("new-%d", i)})
+			}
+		}, claimInbox},
+		{"Outbox", "outbox_unpublished_idx", claimfloor.Outbox, func(t *testing.T, db *testenv.DB) {
+			outboxRows(t, db.Pool, "old", ended)
+			_, err := db.Pool.Exec(t.Context(), "UPDATE outbox SET published_at = now()")
+			require.NoError(t, err)
+			outboxRows(t, db.Pool, "new", 10)
+		}, claimOutbox},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			db := testenv.NewDB(t)
+			ctx := t.Context()
+			holder, err := db.Session(t).BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+			require.NoError(t, err)
+			var seen int
+			require.NoError(t, holder.QueryRow(ctx, "SELECT count(*) FROM "+c.name).Scan(&seen))
+
+			c.fill(t, db)
+			k := &keeper{raise: c.raise(db.Pool)}
+			k.settle(t)
+
+			// A session as the service opens it (plain index scans).
+			cc, err := pgx.ParseConfig(db.URL)
+			require.NoError(t, err)
+			pipeline.ConfigureSession(cc)
+			conn, err := pgx.ConnectConfig(ctx, cc)
+			require.NoError(t, err)
+			defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
+			tx, err := conn.Begin(ctx)
+			require.NoError(t, err)
+			defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+			require.Len(t, c.claim(t, tx), 10)
+			var read int
+			require.NoError(t, tx.QueryRow(ctx, "SELECT pg_stat_get_xact_tuples_returned($1::regclass)", c.index).Scan(&read))
+			require.Less(t, read, ended/10, "index entries the claim read, with %d rows ended under a held snapshot", ended)
+		})
+	}
+}
