@@ -14,61 +14,96 @@ import (
 	"github.com/orderconfirm/inboxd/internal/testenv"
 )
 
-// A snapshot held open keeps every version of the stock rows, which every
-// order updates, so the stock table grows by a version a row per batch. A
-// session that has locked stock many times while the table was small must
-// still lock a row through the primary key once the table is large, not
-// read all its versions.
-func TestStockLockReadsThePrimaryKeyOnceTheTableHasGrown(t *testing.T) {
+// The lock functions run statements of their own, which PostgreSQL plans
+// once per session and may keep. Planned while a table is a few pages, for
+// a batch's many keys, a scan of the table is the cheaper plan; kept, it
+// reads the whole table at every call once the table is large. Tables grow
+// by rows (orders, reservations) and by row versions: a snapshot held open
+// keeps every version of the stock rows, which every order updates. A
+// session that has locked many times while a table was small must still
+// lock through an index once it is large.
+func TestTheLockFunctionsReadAnIndexOnceTheTableHasGrown(t *testing.T) {
 	t.Parallel()
-	db := testenv.NewDB(t)
-	ctx := t.Context()
 	q := dbsqlc.New()
-	_, err := db.Pool.Exec(ctx, "INSERT INTO stock (sku, available) SELECT 'SKU-' || g, 1000000 FROM generate_series(1, 1000) g")
-	require.NoError(t, err)
-
-	// A session as the service opens it, that has locked stock before.
-	cc, err := pgx.ParseConfig(db.URL)
-	require.NoError(t, err)
-	pipeline.ConfigureSession(cc)
-	conn, err := pgx.ConnectConfig(ctx, cc)
-	require.NoError(t, err)
-	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
-	// A batch's SKUs: so many, on a table of a few pages, that a scan of
-	// the table is the cheaper plan, and is kept as the generic one.
-	var skus []string
+	var keys []string
 	for i := range 100 {
-		skus = append(skus, fmt.Sprintf("SKU-%d", 1+i*10))
+		keys = append(keys, fmt.Sprintf("K-%d", 1+i*10))
 	}
-	lock := func(tx pgx.Tx) {
-		rows, err := q.StockLock(ctx, tx, dbsqlc.StockLockParams{Skus: skus, WaitMs: int32(orders.StockLockWait.Milliseconds())})
-		require.NoError(t, err)
-		require.Len(t, rows, len(skus))
-	}
-	for range 10 {
-		require.NoError(t, pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error { lock(tx); return nil }))
-	}
+	for _, c := range []struct {
+		name, table string
+		fill, grow  string // SQL: 1,000 rows, then 30,000 rows or versions more
+		holdOpen    bool   // a snapshot held open while it grows
+		lock        func(ctx context.Context, tx pgx.Tx) error
+	}{
+		{
+			name: "StockLock", table: "stock", holdOpen: true,
+			fill: "INSERT INTO stock (sku, available) SELECT 'K-' || g, 1000000 FROM generate_series(1, 1000) g",
+			grow: "UPDATE stock SET available = available - 1, updated_at = now()",
+			lock: func(ctx context.Context, tx pgx.Tx) error {
+				rows, err := q.StockLock(ctx, tx, dbsqlc.StockLockParams{Skus: keys, WaitMs: int32(orders.StockLockWait.Milliseconds())})
+				if err == nil && len(rows) != len(keys) {
+					err = fmt.Errorf("locked %d stock rows of %d", len(rows), len(keys))
+				}
+				return err
+			},
+		},
+		{
+			name: "OrderLock", table: "order_confirmations",
+			fill: `INSERT INTO order_confirmations (order_id, status, message_id)
+			       SELECT 'K-' || g, 'confirmed', 'm-' || g FROM generate_series(1, 1000) g`,
+			grow: `INSERT INTO order_confirmations (order_id, status, message_id)
+			       SELECT 'G-' || g || '-' || random(), 'confirmed', 'g-' || g || '-' || random() FROM generate_series(1, 1000) g`,
+			lock: func(ctx context.Context, tx pgx.Tx) error {
+				held, err := q.OrderLock(ctx, tx, dbsqlc.OrderLockParams{OrderIds: keys, WaitMs: int32(orders.OrderLockWait.Milliseconds())})
+				if err == nil && len(held) > 0 {
+					err = fmt.Errorf("orders held by another session: %v", held)
+				}
+				return err
+			},
+		},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			db := testenv.NewDB(t)
+			ctx := t.Context()
+			_, err := db.Pool.Exec(ctx, c.fill)
+			require.NoError(t, err)
 
-	holder, err := db.Session(t).BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
-	require.NoError(t, err)
-	var n int
-	require.NoError(t, holder.QueryRow(ctx, "SELECT count(*) FROM stock").Scan(&n))
-	for range 30 {
-		_, err = db.Pool.Exec(ctx, "UPDATE stock SET available = available - 1, updated_at = now()")
-		require.NoError(t, err)
-	}
+			// A session as the service opens it, that has locked before.
+			cc, err := pgx.ParseConfig(db.URL)
+			require.NoError(t, err)
+			pipeline.ConfigureSession(cc)
+			conn, err := pgx.ConnectConfig(ctx, cc)
+			require.NoError(t, err)
+			defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
+			for range 10 {
+				require.NoError(t, pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error { return c.lock(ctx, tx) }))
+			}
 
-	tx, err := conn.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	// The session's counts not yet reported to the statistics are in the
-	// view too: the lock's are the difference.
-	scanned := func() int {
-		var n int
-		require.NoError(t, tx.QueryRow(ctx, "SELECT seq_tup_read FROM pg_stat_xact_user_tables WHERE relid = 'stock'::regclass").Scan(&n))
-		return n
+			if c.holdOpen {
+				holder, err := db.Session(t).BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+				require.NoError(t, err)
+				var n int
+				require.NoError(t, holder.QueryRow(ctx, "SELECT count(*) FROM "+c.table).Scan(&n))
+			}
+			for range 30 {
+				_, err = db.Pool.Exec(ctx, c.grow)
+				require.NoError(t, err)
+			}
+
+			tx, err := conn.Begin(ctx)
+			require.NoError(t, err)
+			defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+			// The session's counts not yet reported to the statistics are
+			// in the view too: the lock's are the difference.
+			scanned := func() int {
+				var n int
+				require.NoError(t, tx.QueryRow(ctx, "SELECT seq_tup_read FROM pg_stat_xact_user_tables WHERE relid = $1::regclass", c.table).Scan(&n))
+				return n
+			}
+			before := scanned()
+			require.NoError(t, c.lock(ctx, tx))
+			require.Zero(t, scanned()-before, "rows of %s read by scanning the table, once it grew by 30,000", c.table)
+		})
 	}
-	before := scanned()
-	lock(tx)
-	require.Zero(t, scanned()-before, "stock rows read by scanning the table, with 30,000 versions kept by a held snapshot")
 }

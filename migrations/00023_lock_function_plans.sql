@@ -1,5 +1,8 @@
 -- +goose Up
 
+-- The lock functions' statements are planned at each call, for the tables
+-- as they are.
+--
 -- stock_lock's statements were planned once per session and kept: planned
 -- while the stock table held its 1,000 rows in a few pages, for a batch's
 -- many SKUs, they scan it whole. Nothing replans them without ANALYZE, and
@@ -37,7 +40,13 @@ END;
 $$;
 -- +goose StatementEnd
 
+-- order_lock's statements had the same plans kept, on tables that grow
+-- with every order: 31,000 rows of order_confirmations read per call, once
+-- the table held them.
+ALTER FUNCTION order_lock(text[], integer) SET plan_cache_mode = force_custom_plan;
+
 -- +goose Down
+ALTER FUNCTION order_lock(text[], integer) RESET plan_cache_mode;
 -- +goose StatementBegin
 CREATE OR REPLACE FUNCTION stock_lock(skus text[], wait_ms integer)
 RETURNS TABLE (sku text, available integer)
