@@ -19,9 +19,9 @@
 --     order. A statement trigger gives each inserting transaction its
 --     transaction id before any row takes an id. The keeper notes the last
 --     id handed out, then the running transactions (a snapshot). Once all
---     of those have ended, every row with an id up to the one noted is
---     committed or gone, and the oldest such row still open is the new
---     floor. So the floor trails by a round of the keeper (a fraction of a
+--     of those that write the table have ended, every row with an id up to
+--     the one noted is committed or gone, and the oldest such row still
+--     open is the new floor. So the floor trails by a round of the keeper (a fraction of a
 --     second), and a transaction that holds its rows for longer (a commit
 --     waiting for a synchronous standby) holds the floor where it is.
 --   * A replay makes an old row claimable again. The replay lowers the
@@ -88,13 +88,14 @@ END;
 $$;
 -- +goose StatementEnd
 
--- claim_floor_start returns the floor seq, to be raised by the caller, when
--- every transaction that was running when the keeper noted (noted_last,
--- noted) has ended, and the floor lock is free (it is then held until the
+-- claim_floor_start returns the floor seq of table tbl, to be raised by the
+-- caller, when every transaction that was running when the keeper noted
+-- (noted_last, noted) and that writes tbl has ended, and the floor lock is
+-- free (it is then held until the
 -- calling transaction ends); else NULL. noted_last is the last id the
 -- table's sequence had handed out, noted the snapshot taken after it.
 -- +goose StatementBegin
-CREATE FUNCTION claim_floor_start(seq regclass, noted_last bigint, noted pg_snapshot) RETURNS bigint
+CREATE FUNCTION claim_floor_start(seq regclass, tbl regclass, noted_last bigint, noted pg_snapshot) RETURNS bigint
 LANGUAGE plpgsql AS $$
 BEGIN
     IF current_setting('transaction_isolation') <> 'read committed' THEN
@@ -103,8 +104,20 @@ BEGIN
     IF noted IS NULL OR noted_last IS NULL THEN
         RETURN NULL;
     END IF;
-    -- pg_xact_status is NULL for a transaction too old to be recorded: it ended long ago.
-    IF EXISTS (SELECT 1 FROM pg_snapshot_xip(noted) x WHERE pg_xact_status(x) = 'in progress') THEN
+    -- A transaction of the note still running matters only if it holds a
+    -- lock on the table: one that took an id holds one from the start of
+    -- its INSERT to its end. A long transaction elsewhere on the server (a
+    -- batch job in another database) does not hold the floor. pg_locks is
+    -- read only when one of the note's transactions is still running.
+    -- (pg_xact_status is NULL for a transaction too old to be recorded: it
+    -- ended long ago.)
+    IF EXISTS (SELECT 1 FROM pg_snapshot_xip(noted) x WHERE pg_xact_status(x) = 'in progress')
+       AND EXISTS (SELECT 1
+                   FROM pg_snapshot_xip(noted) x
+                   JOIN pg_locks t ON t.locktype = 'transactionid' AND t.transactionid = x::xid
+                   JOIN pg_locks r ON r.virtualtransaction = t.virtualtransaction
+                                  AND r.locktype = 'relation' AND r.relation = tbl
+                   WHERE pg_xact_status(x) = 'in progress') THEN
         RETURN NULL;
     END IF;
     IF NOT claim_floor_lock(seq, true) THEN
@@ -132,7 +145,7 @@ SET search_path FROM CURRENT
 SET plan_cache_mode = force_custom_plan
 AS $$
 DECLARE
-    from_id bigint := claim_floor_start('inbox_claim_floor_seq', noted_last, noted);
+    from_id bigint := claim_floor_start('inbox_claim_floor_seq', 'inbox', noted_last, noted);
 BEGIN
     IF from_id IS NOT NULL AND noted_last >= from_id THEN
         -- A new statement, so a new snapshot: it sees every row up to noted_last.
@@ -162,7 +175,7 @@ SET search_path FROM CURRENT
 SET plan_cache_mode = force_custom_plan
 AS $$
 DECLARE
-    from_id bigint := claim_floor_start('outbox_claim_floor_seq', noted_last, noted);
+    from_id bigint := claim_floor_start('outbox_claim_floor_seq', 'outbox', noted_last, noted);
 BEGIN
     IF from_id IS NOT NULL AND noted_last >= from_id THEN
         SELECT coalesce(min(o.id), noted_last + 1) INTO floor
@@ -269,7 +282,7 @@ DROP TRIGGER inbox_claim_floor_xact ON inbox;
 DROP FUNCTION claim_floor_xact();
 DROP FUNCTION outbox_claim_floor_raise(bigint, pg_snapshot);
 DROP FUNCTION inbox_claim_floor_raise(bigint, pg_snapshot);
-DROP FUNCTION claim_floor_start(regclass, bigint, pg_snapshot);
+DROP FUNCTION claim_floor_start(regclass, regclass, bigint, pg_snapshot);
 DROP FUNCTION claim_floor_lower(regclass, bigint);
 DROP FUNCTION claim_floor_lock(regclass, boolean);
 DROP FUNCTION outbox_claim_floor();

@@ -102,6 +102,24 @@ func TestTheFloorWaitsForATransactionThatHoldsAnEarlierId(t *testing.T) {
 	require.Equal(t, []int64{late}, claimInbox(t, db.Pool))
 }
 
+// A transaction left open on another table, with a transaction id (a
+// batch job, an operator's UPDATE), does not hold the floor: it cannot
+// hold an id of the inbox.
+func TestALongTransactionOnAnotherTableDoesNotHoldTheFloor(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	ctx := t.Context()
+	k := &keeper{raise: claimfloor.Inbox(db.Pool)}
+
+	tx, err := db.Session(t).Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	_, err = tx.Exec(ctx, "INSERT INTO stock (sku, available) VALUES ('SKU-1', 1)")
+	require.NoError(t, err)
+	ids := processed(t, db.Pool, 5, "m")
+	require.Greater(t, k.settle(t), ids[4])
+}
+
 // A replay opens a row far under the floor, and the keeper may be raising
 // it at that very moment: the row is claimed all the same. The same holds
 // for a dead outbox row replayed.
