@@ -35,14 +35,15 @@ const ingestPoolSize = 2
 
 // workerPoolSize is one connection for each batch in flight (INBOX_WORKERS,
 // each in its own transaction), one for the takeover of unfinished
-// messages, and one for the answer of reply requests left unanswered, which
-// run beside them.
-func workerPoolSize(workers int) int { return workers + 2 }
+// messages, one for the answer of reply requests left unanswered, and one
+// for the raise of the inbox's claim floor, which run beside them.
+func workerPoolSize(workers int) int { return workers + 3 }
 
 // relayPoolSize: the relay holds one connection, for the transaction of the
-// batch it is publishing; the janitor deletes one short statement at a
-// time; the scrapes of the gauges take the rest.
-const relayPoolSize = 4
+// batch it is publishing, and raises the outbox's claim floor on another;
+// the janitor deletes one short statement at a time; the scrapes of the
+// gauges take the rest.
+const relayPoolSize = 5
 
 // readyPoolSize: /readyz pings once at a time at most (postgresCheck), the
 // other probes wait for its answer.

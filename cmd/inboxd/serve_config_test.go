@@ -128,7 +128,7 @@ func TestServePipelineConfigDefaults(t *testing.T) {
 	}, got)
 	require.Equal(t, poolSizes{
 		ingest: ingestPoolSize,
-		worker: inbox.ConcurrencyDefault + 2,
+		worker: inbox.ConcurrencyDefault + 3,
 		relay:  relayPoolSize,
 		status: statuspage.PoolSizeDefault,
 		ready:  readyPoolSize,
@@ -224,8 +224,8 @@ func TestServePipelineConfigFromEverySetting(t *testing.T) {
 			BatchSize:     500,
 		},
 	}, got)
-	// Seven batches in flight, the takeover and the answer of left requests; no status page.
-	require.Equal(t, poolSizes{ingest: ingestPoolSize, worker: 9, relay: relayPoolSize, ready: readyPoolSize}, poolSizesFor(cfg))
+	// Seven batches in flight, the takeover, the answer of left requests and the claim floor; no status page.
+	require.Equal(t, poolSizes{ingest: ingestPoolSize, worker: 10, relay: relayPoolSize, ready: readyPoolSize}, poolSizesFor(cfg))
 }
 
 func TestServePipelineConfigWithoutJanitor(t *testing.T) {
