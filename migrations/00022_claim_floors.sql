@@ -16,14 +16,16 @@
 -- this proves safe:
 --
 --   * Rows take their ids when they are inserted, but commit in another
---     order. A statement trigger gives each inserting transaction its
---     transaction id before any row takes an id. The keeper notes the last
---     id handed out, then the running transactions (a snapshot). Once all
---     of those that write the table have ended, every row with an id up to
---     the one noted is committed or gone, and the oldest such row still
---     open is the new floor. So the floor trails by a round of the keeper (a fraction of a
---     second), and a transaction that holds its rows for longer (a commit
---     waiting for a synchronous standby) holds the floor where it is.
+--     order. A statement trigger takes, for each inserting transaction, a
+--     shared advisory lock of the table (its "inserting" lock) before any
+--     of its rows takes an id, held until the transaction ends. The keeper
+--     notes the last id handed out, then the transactions holding that
+--     lock. Once all of those have ended, every row with an id up to the
+--     one noted is committed or gone, and the oldest such row still open
+--     is the new floor. Until then the note is kept. So the floor trails
+--     by a round of the keeper (a fraction of a second), and a transaction
+--     that inserts and stays open (a commit waiting for a synchronous
+--     standby) holds the floor where it is until it ends.
 --   * A replay makes an old row claimable again. The replay lowers the
 --     floor to its row, holding an advisory lock until its transaction
 --     ends; the keeper raises the floor only while holding the same lock,
@@ -70,16 +72,160 @@ END;
 $$;
 -- +goose StatementEnd
 
--- claim_floor_lower lowers the floor seq to id, for a row that becomes
--- claimable again (a replay), and holds the floor there until the calling
--- transaction ends.
+-- claim_floor_inserting, a statement trigger before INSERT, takes the
+-- inserting lock of the table for the transaction: before any row of the
+-- statement takes its id.
 -- +goose StatementBegin
-CREATE FUNCTION claim_floor_lower(seq regclass, id bigint) RETURNS void
+CREATE FUNCTION claim_floor_inserting() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(hashtext('inboxd claim floor inserting'), hashtext(TG_RELID::text));
+    RETURN NULL;
+END;
+$$;
+-- +goose StatementEnd
+
+CREATE TRIGGER inbox_claim_floor_inserting BEFORE INSERT ON inbox
+FOR EACH STATEMENT EXECUTE FUNCTION claim_floor_inserting();
+CREATE TRIGGER outbox_claim_floor_inserting BEFORE INSERT ON outbox
+FOR EACH STATEMENT EXECUTE FUNCTION claim_floor_inserting();
+
+-- claim_floor_inserters returns the transactions (virtual ids) that hold
+-- the inserting lock of tbl now.
+-- +goose StatementBegin
+CREATE FUNCTION claim_floor_inserters(tbl regclass) RETURNS text[]
+LANGUAGE sql VOLATILE AS $$
+    SELECT coalesce(array_agg(l.virtualtransaction), '{}')
+    FROM pg_locks l
+    WHERE l.locktype = 'advisory' AND l.objsubid = 2
+      AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
+      AND l.classid = hashtext('inboxd claim floor inserting')::oid
+      AND l.objid = hashtext(tbl::oid::text)::oid
+$$;
+-- +goose StatementEnd
+
+-- claim_floor_proven reports whether a note's inserters (the transactions
+-- that held tbl's inserting lock when the note was taken) have all ended,
+-- taking the floor lock of seq when they have (held until the calling
+-- transaction ends); false when the lock is held by a replay, or another
+-- keeper.
+-- +goose StatementBegin
+CREATE FUNCTION claim_floor_proven(seq regclass, tbl regclass, noted_inserters text[]) RETURNS boolean
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'a claim floor is raised only under READ COMMITTED: each statement must see the transactions that ended before it';
+    END IF;
+    IF cardinality(noted_inserters) > 0 AND claim_floor_inserters(tbl) && noted_inserters THEN
+        RETURN false;
+    END IF;
+    RETURN claim_floor_lock(seq, true);
+END;
+$$;
+-- +goose StatementEnd
+
+-- inbox_claim_floor_raise raises the inbox's floor as far as the keeper's
+-- note proves safe, and returns the floor with the note for the next call:
+-- the note given, while its inserters run (or the floor lock is taken),
+-- else a new one. The keeper calls it in a statement of its own, first
+-- with a NULL note. A note whose last id is past the sequence's (taken on
+-- another server, before a failover) is dropped.
+-- +goose StatementBegin
+CREATE FUNCTION inbox_claim_floor_raise(noted_last bigint, noted_inserters text[],
+                                        OUT floor bigint, OUT next_last bigint, OUT next_inserters text[])
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+-- Planned at each call, for the table as it is: a plan kept from when the
+-- table was small would scan it whole.
+SET plan_cache_mode = force_custom_plan
+AS $$
+DECLARE
+    from_id bigint;
+BEGIN
+    floor := inbox_claim_floor();
+    IF noted_last > coalesce(pg_sequence_last_value(pg_get_serial_sequence('inbox', 'id')::regclass), 0) THEN
+        noted_last := NULL;
+    END IF;
+    IF noted_last IS NOT NULL THEN
+        IF NOT claim_floor_proven('inbox_claim_floor_seq', 'inbox', noted_inserters) THEN
+            next_last := noted_last;
+            next_inserters := noted_inserters;
+            RETURN;
+        END IF;
+        -- Read under the lock: a replay that lowered the floor has committed.
+        from_id := inbox_claim_floor();
+        IF noted_last >= from_id THEN
+            -- A new statement, so a new snapshot: it sees every row up to noted_last.
+            SELECT coalesce(min(i.id), noted_last + 1) INTO floor
+            FROM inbox i
+            WHERE i.status = 'pending' AND i.id >= from_id AND i.id <= noted_last;
+            PERFORM setval('inbox_claim_floor_seq', floor, true);
+        ELSE
+            floor := from_id;
+        END IF;
+    END IF;
+    -- The last id handed out, then the transactions inserting now: each
+    -- took the inserting lock before its rows took their ids.
+    next_last := coalesce(pg_sequence_last_value(pg_get_serial_sequence('inbox', 'id')::regclass), 0);
+    next_inserters := claim_floor_inserters('inbox');
+END;
+$$;
+-- +goose StatementEnd
+
+-- outbox_claim_floor_raise does for the outbox what inbox_claim_floor_raise
+-- does for the inbox.
+-- +goose StatementBegin
+CREATE FUNCTION outbox_claim_floor_raise(noted_last bigint, noted_inserters text[],
+                                         OUT floor bigint, OUT next_last bigint, OUT next_inserters text[])
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+SET plan_cache_mode = force_custom_plan
+AS $$
+DECLARE
+    from_id bigint;
+BEGIN
+    floor := outbox_claim_floor();
+    IF noted_last > coalesce(pg_sequence_last_value(pg_get_serial_sequence('outbox', 'id')::regclass), 0) THEN
+        noted_last := NULL;
+    END IF;
+    IF noted_last IS NOT NULL THEN
+        IF NOT claim_floor_proven('outbox_claim_floor_seq', 'outbox', noted_inserters) THEN
+            next_last := noted_last;
+            next_inserters := noted_inserters;
+            RETURN;
+        END IF;
+        from_id := outbox_claim_floor();
+        IF noted_last >= from_id THEN
+            SELECT coalesce(min(o.id), noted_last + 1) INTO floor
+            FROM outbox o
+            WHERE o.published_at IS NULL AND o.dead_at IS NULL AND o.id >= from_id AND o.id <= noted_last;
+            PERFORM setval('outbox_claim_floor_seq', floor, true);
+        ELSE
+            floor := from_id;
+        END IF;
+    END IF;
+    next_last := coalesce(pg_sequence_last_value(pg_get_serial_sequence('outbox', 'id')::regclass), 0);
+    next_inserters := claim_floor_inserters('outbox');
+END;
+$$;
+-- +goose StatementEnd
+
+-- claim_floor_lower lowers the floor of tbl ('inbox' or 'outbox') to id,
+-- for a row that becomes claimable again (a replay), and holds the floor
+-- there until the calling transaction ends. It runs as the owner, for the
+-- operators' replays; it can only lower a floor.
+-- +goose StatementBegin
+CREATE FUNCTION claim_floor_lower(tbl text, id bigint) RETURNS void
 LANGUAGE plpgsql
 SECURITY DEFINER
-SET search_path FROM CURRENT
 AS $$
+DECLARE
+    seq regclass := CASE tbl WHEN 'inbox' THEN 'inbox_claim_floor_seq'::regclass
+                             WHEN 'outbox' THEN 'outbox_claim_floor_seq'::regclass END;
 BEGIN
+    IF seq IS NULL THEN
+        RAISE EXCEPTION 'claim_floor_lower: no claim floor for %', tbl;
+    END IF;
     PERFORM claim_floor_lock(seq, false);
     IF coalesce(pg_sequence_last_value(seq), 0) > id THEN
         PERFORM setval(seq, id, true);
@@ -88,165 +234,60 @@ END;
 $$;
 -- +goose StatementEnd
 
--- claim_floor_start returns the floor seq of table tbl, to be raised by the
--- caller, when every transaction that was running when the keeper noted
--- (noted_last, noted) and that writes tbl has ended, and the floor lock is
--- free (it is then held until the
--- calling transaction ends); else NULL. noted_last is the last id the
--- table's sequence had handed out, noted the snapshot taken after it.
+-- Run as the owner, it finds its sequences in this schema only, never in
+-- a caller's temporary schema.
 -- +goose StatementBegin
-CREATE FUNCTION claim_floor_start(seq regclass, tbl regclass, noted_last bigint, noted pg_snapshot) RETURNS bigint
-LANGUAGE plpgsql AS $$
+DO $$
 BEGIN
-    IF current_setting('transaction_isolation') <> 'read committed' THEN
-        RAISE EXCEPTION 'a claim floor is raised only under READ COMMITTED: each statement must see the transactions that ended before it';
-    END IF;
-    IF noted IS NULL OR noted_last IS NULL THEN
-        RETURN NULL;
-    END IF;
-    -- A transaction of the note still running matters only if it holds a
-    -- lock on the table: one that took an id holds one from the start of
-    -- its INSERT to its end. A long transaction elsewhere on the server (a
-    -- batch job in another database) does not hold the floor. pg_locks is
-    -- read only when one of the note's transactions is still running.
-    -- (pg_xact_status is NULL for a transaction too old to be recorded: it
-    -- ended long ago.)
-    IF EXISTS (SELECT 1 FROM pg_snapshot_xip(noted) x WHERE pg_xact_status(x) = 'in progress')
-       AND EXISTS (SELECT 1
-                   FROM pg_snapshot_xip(noted) x
-                   JOIN pg_locks t ON t.locktype = 'transactionid' AND t.transactionid = x::xid
-                   JOIN pg_locks r ON r.virtualtransaction = t.virtualtransaction
-                                  AND r.locktype = 'relation' AND r.relation = tbl
-                   WHERE pg_xact_status(x) = 'in progress') THEN
-        RETURN NULL;
-    END IF;
-    IF NOT claim_floor_lock(seq, true) THEN
-        RETURN NULL;
-    END IF;
-    -- Read under the lock: a replay that lowered the floor has committed.
-    RETURN coalesce(pg_sequence_last_value(seq), 0);
+    EXECUTE format('ALTER FUNCTION claim_floor_lower(text, bigint) SET search_path = %I, pg_temp', current_schema());
 END;
 $$;
 -- +goose StatementEnd
-
--- inbox_claim_floor_raise raises the inbox's floor as far as the keeper's
--- last note proves safe (see claim_floor_start), and returns the floor with
--- the next note: the last id handed out, then the running transactions.
--- The keeper calls it in a statement of its own, passing the note it got
--- from the call before (NULLs the first time).
--- +goose StatementBegin
-CREATE FUNCTION inbox_claim_floor_raise(noted_last bigint, noted pg_snapshot,
-                                        OUT floor bigint, OUT next_last bigint, OUT next_noted pg_snapshot)
-LANGUAGE plpgsql
-SECURITY DEFINER
-SET search_path FROM CURRENT
--- Planned at each call, for the table as it is: a plan kept from when the
--- table was small would scan it whole.
-SET plan_cache_mode = force_custom_plan
-AS $$
-DECLARE
-    from_id bigint := claim_floor_start('inbox_claim_floor_seq', 'inbox', noted_last, noted);
-BEGIN
-    IF from_id IS NOT NULL AND noted_last >= from_id THEN
-        -- A new statement, so a new snapshot: it sees every row up to noted_last.
-        SELECT coalesce(min(i.id), noted_last + 1) INTO floor
-        FROM inbox i
-        WHERE i.status = 'pending' AND i.id >= from_id AND i.id <= noted_last;
-        PERFORM setval('inbox_claim_floor_seq', floor, true);
-    ELSE
-        floor := inbox_claim_floor();
-    END IF;
-    next_last := coalesce(pg_sequence_last_value(pg_get_serial_sequence('inbox', 'id')::regclass), 0);
-    next_noted := pg_current_snapshot();
-END;
-$$;
--- +goose StatementEnd
-
--- outbox_claim_floor_raise does for the outbox what inbox_claim_floor_raise
--- does for the inbox.
--- +goose StatementBegin
-CREATE FUNCTION outbox_claim_floor_raise(noted_last bigint, noted pg_snapshot,
-                                         OUT floor bigint, OUT next_last bigint, OUT next_noted pg_snapshot)
-LANGUAGE plpgsql
-SECURITY DEFINER
-SET search_path FROM CURRENT
--- Planned at each call, for the table as it is: a plan kept from when the
--- table was small would scan it whole.
-SET plan_cache_mode = force_custom_plan
-AS $$
-DECLARE
-    from_id bigint := claim_floor_start('outbox_claim_floor_seq', 'outbox', noted_last, noted);
-BEGIN
-    IF from_id IS NOT NULL AND noted_last >= from_id THEN
-        SELECT coalesce(min(o.id), noted_last + 1) INTO floor
-        FROM outbox o
-        WHERE o.published_at IS NULL AND o.dead_at IS NULL AND o.id >= from_id AND o.id <= noted_last;
-        PERFORM setval('outbox_claim_floor_seq', floor, true);
-    ELSE
-        floor := outbox_claim_floor();
-    END IF;
-    next_last := coalesce(pg_sequence_last_value(pg_get_serial_sequence('outbox', 'id')::regclass), 0);
-    next_noted := pg_current_snapshot();
-END;
-$$;
--- +goose StatementEnd
-
--- claim_floor_xact gives the inserting transaction its transaction id
--- before any of its rows takes an id (see the top of this file).
--- +goose StatementBegin
-CREATE FUNCTION claim_floor_xact() RETURNS trigger
-LANGUAGE plpgsql AS $$
-BEGIN
-    PERFORM pg_current_xact_id();
-    RETURN NULL;
-END;
-$$;
--- +goose StatementEnd
-
-CREATE TRIGGER inbox_claim_floor_xact BEFORE INSERT ON inbox
-FOR EACH STATEMENT EXECUTE FUNCTION claim_floor_xact();
-CREATE TRIGGER outbox_claim_floor_xact BEFORE INSERT ON outbox
-FOR EACH STATEMENT EXECUTE FUNCTION claim_floor_xact();
 
 -- A replay lowers the floor to its row.
 -- +goose StatementBegin
-CREATE FUNCTION inbox_claim_floor_replay() RETURNS trigger
+CREATE FUNCTION claim_floor_replay() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM claim_floor_lower('inbox_claim_floor_seq', NEW.id);
+    PERFORM claim_floor_lower(TG_TABLE_NAME, NEW.id);
     RETURN NULL;
 END;
 $$;
 -- +goose StatementEnd
 
+-- The replay triggers find claim_floor_lower in this schema, whatever the
+-- search_path of the session replaying.
 -- +goose StatementBegin
-CREATE FUNCTION outbox_claim_floor_replay() RETURNS trigger
-LANGUAGE plpgsql AS $$
+DO $$
 BEGIN
-    PERFORM claim_floor_lower('outbox_claim_floor_seq', NEW.id);
-    RETURN NULL;
+    EXECUTE format('ALTER FUNCTION claim_floor_replay() SET search_path = %I, pg_temp', current_schema());
 END;
 $$;
 -- +goose StatementEnd
 
--- Whatever makes an ended row open again (the replay triggers, or an
--- UPDATE by hand) lowers the floor. No column list: a replay names only
--- replay_requested, and its trigger sets the status.
+-- Whatever makes an ended message pending again (the replay trigger, or
+-- an UPDATE by hand) lowers the floor. No column list: a replay names
+-- only replay_requested, and its trigger sets the status.
 CREATE TRIGGER inbox_claim_floor_replay AFTER UPDATE ON inbox
 FOR EACH ROW WHEN (OLD.status <> 'pending' AND NEW.status = 'pending')
-EXECUTE FUNCTION inbox_claim_floor_replay();
+EXECUTE FUNCTION claim_floor_replay();
+-- An outbox row is opened again only by the replay of a dead one. (The
+-- relay's release unmarks rows its own transaction marked published: the
+-- floor never passed them.)
 CREATE TRIGGER outbox_claim_floor_replay AFTER UPDATE ON outbox
-FOR EACH ROW WHEN ((OLD.published_at IS NOT NULL OR OLD.dead_at IS NOT NULL)
-                   AND NEW.published_at IS NULL AND NEW.dead_at IS NULL)
-EXECUTE FUNCTION outbox_claim_floor_replay();
+FOR EACH ROW WHEN (OLD.dead_at IS NOT NULL AND NEW.dead_at IS NULL AND NEW.published_at IS NULL)
+EXECUTE FUNCTION claim_floor_replay();
+
+-- Only the service raises the floors.
+REVOKE EXECUTE ON FUNCTION inbox_claim_floor_raise(bigint, text[]), outbox_claim_floor_raise(bigint, text[]) FROM PUBLIC;
 
 -- The grants of migration 00021 stay as they were, under another name.
 -- +goose StatementBegin
 DO $$ BEGIN ALTER FUNCTION inbox_grant_roles() RENAME TO inbox_grant_roles_00021; END $$;
 -- +goose StatementEnd
 
--- The claims read the floors; the keeper raises them, and a replay lowers
--- them, through functions that run as the tables' owner.
+-- The claims read the floors; the service raises them (reading the ids
+-- handed out); a replay lowers them through claim_floor_lower.
 -- +goose StatementBegin
 CREATE OR REPLACE FUNCTION inbox_grant_roles() RETURNS text
 LANGUAGE plpgsql
@@ -259,7 +300,11 @@ BEGIN
         GRANT SELECT ON inbox_claim_floor_seq, outbox_claim_floor_seq TO inbox_operator;
     END IF;
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'inbox_service') THEN
-        GRANT SELECT ON inbox_claim_floor_seq, outbox_claim_floor_seq TO inbox_service;
+        GRANT SELECT, UPDATE ON inbox_claim_floor_seq, outbox_claim_floor_seq TO inbox_service;
+        EXECUTE format('GRANT SELECT ON %s, %s TO inbox_service',
+                       pg_get_serial_sequence('inbox', 'id'), pg_get_serial_sequence('outbox', 'id'));
+        GRANT EXECUTE ON FUNCTION inbox_claim_floor_raise(bigint, text[]), outbox_claim_floor_raise(bigint, text[])
+            TO inbox_service;
     END IF;
     RETURN result;
 END;
@@ -275,15 +320,15 @@ DROP FUNCTION inbox_grant_roles();
 ALTER FUNCTION inbox_grant_roles_00021() RENAME TO inbox_grant_roles;
 DROP TRIGGER outbox_claim_floor_replay ON outbox;
 DROP TRIGGER inbox_claim_floor_replay ON inbox;
-DROP FUNCTION outbox_claim_floor_replay();
-DROP FUNCTION inbox_claim_floor_replay();
-DROP TRIGGER outbox_claim_floor_xact ON outbox;
-DROP TRIGGER inbox_claim_floor_xact ON inbox;
-DROP FUNCTION claim_floor_xact();
-DROP FUNCTION outbox_claim_floor_raise(bigint, pg_snapshot);
-DROP FUNCTION inbox_claim_floor_raise(bigint, pg_snapshot);
-DROP FUNCTION claim_floor_start(regclass, regclass, bigint, pg_snapshot);
-DROP FUNCTION claim_floor_lower(regclass, bigint);
+DROP FUNCTION claim_floor_replay();
+DROP FUNCTION claim_floor_lower(text, bigint);
+DROP FUNCTION outbox_claim_floor_raise(bigint, text[]);
+DROP FUNCTION inbox_claim_floor_raise(bigint, text[]);
+DROP FUNCTION claim_floor_proven(regclass, regclass, text[]);
+DROP FUNCTION claim_floor_inserters(regclass);
+DROP TRIGGER outbox_claim_floor_inserting ON outbox;
+DROP TRIGGER inbox_claim_floor_inserting ON inbox;
+DROP FUNCTION claim_floor_inserting();
 DROP FUNCTION claim_floor_lock(regclass, boolean);
 DROP FUNCTION outbox_claim_floor();
 DROP FUNCTION inbox_claim_floor();

@@ -383,10 +383,10 @@ SELECT pg_advisory_lock(sqlc.arg(session)::bigint);
 
 -- name: InboxClaimFloorRaise :one
 -- InboxClaimFloorRaise raises the inbox's claim floor as far as the note
--- from the call before proves safe, and returns the floor and the next
--- note (noted_last and noted are NULL the first time). The claims start
--- their scans at the floor: every pending message has an id at least this
--- (migration 00022 has the argument). It runs as a statement of its own,
--- under READ COMMITTED.
-SELECT r.floor::bigint AS floor, r.next_last::bigint AS next_last, r.next_noted::text AS next_noted
-FROM inbox_claim_floor_raise(sqlc.narg(noted_last)::bigint, sqlc.narg(noted)::text::pg_snapshot) AS r;
+-- from the call before proves safe, and returns the floor and the note
+-- for the next call (noted_last and noted_inserters are NULL the first
+-- time). The claims start their scans at the floor: every pending message
+-- has an id at least this (migration 00022 has the argument). It runs as a
+-- statement of its own, under READ COMMITTED.
+SELECT r.floor::bigint AS floor, r.next_last::bigint AS next_last, r.next_inserters::text[] AS next_inserters
+FROM inbox_claim_floor_raise(sqlc.narg(noted_last)::bigint, sqlc.narg(noted_inserters)::text[]) AS r;

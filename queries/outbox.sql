@@ -100,5 +100,5 @@ WHERE id = ANY(@ids::bigint[]);
 -- OutboxClaimFloorRaise does for the outbox what InboxClaimFloorRaise does
 -- for the inbox: every row neither published nor dead has an id at least
 -- the floor.
-SELECT r.floor::bigint AS floor, r.next_last::bigint AS next_last, r.next_noted::text AS next_noted
-FROM outbox_claim_floor_raise(sqlc.narg(noted_last)::bigint, sqlc.narg(noted)::text::pg_snapshot) AS r;
+SELECT r.floor::bigint AS floor, r.next_last::bigint AS next_last, r.next_inserters::text[] AS next_inserters
+FROM outbox_claim_floor_raise(sqlc.narg(noted_last)::bigint, sqlc.narg(noted_inserters)::text[]) AS r;

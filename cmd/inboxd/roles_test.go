@@ -98,6 +98,8 @@ func TestServeAsTheServiceRole(t *testing.T) {
 		return b.count(t, "SELECT count(*) FROM inbox_reply_requests") == 0
 	}, 30*time.Second, 100*time.Millisecond, "reply requests leave with their messages")
 	require.Equal(t, len(w.OrderIDs)+6, b.count(t, "SELECT count(*) FROM order_confirmations"), "the domain's rows stay")
+	require.Positive(t, b.count(t, "SELECT inbox_claim_floor()"), "the service raised the inbox's claim floor")
+	require.Positive(t, b.count(t, "SELECT outbox_claim_floor()"), "the service raised the outbox's claim floor")
 
 	conn, err := pgx.Connect(t.Context(), serviceURL)
 	require.NoError(t, err)

@@ -25,11 +25,12 @@ import (
 const IntervalDefault = 250 * time.Millisecond
 
 // Note is what a raise leaves for the next one: the last id the table had
-// handed out, then the transactions running at that moment (a pg_snapshot
-// as text). The floor may rise past Last once all of those have ended.
+// handed out, then the transactions inserting into it at that moment
+// (their virtual transaction ids). The floor may rise past Last once all
+// of those have ended; until then the raise gives the same note back.
 type Note struct {
-	Last    pgtype.Int8
-	Running pgtype.Text
+	Last      pgtype.Int8
+	Inserters []string
 }
 
 // Raise raises a floor as far as note proves safe and returns the floor
@@ -55,7 +56,7 @@ type Keeper struct {
 func (k *Keeper) Floor() int64 { return k.floor.Load() }
 
 // Run raises the floor until ctx ends. A failed raise is logged and tried
-// again with backoff; the note it had is kept, since it stays true.
+// again with backoff, with the note it had.
 func (k *Keeper) Run(ctx context.Context) {
 	interval := k.Interval
 	if interval <= 0 {
@@ -92,8 +93,8 @@ func (k *Keeper) Run(ctx context.Context) {
 func Inbox(db dbsqlc.DBTX) Raise {
 	q := dbsqlc.New()
 	return func(ctx context.Context, note Note) (int64, Note, error) {
-		r, err := q.InboxClaimFloorRaise(ctx, db, dbsqlc.InboxClaimFloorRaiseParams{NotedLast: note.Last, Noted: note.Running})
-		return r.Floor, noted(r.NextLast, r.NextNoted), err
+		r, err := q.InboxClaimFloorRaise(ctx, db, dbsqlc.InboxClaimFloorRaiseParams{NotedLast: note.Last, NotedInserters: note.Inserters})
+		return r.Floor, noted(r.NextLast, r.NextInserters), err
 	}
 }
 
@@ -101,11 +102,14 @@ func Inbox(db dbsqlc.DBTX) Raise {
 func Outbox(db dbsqlc.DBTX) Raise {
 	q := dbsqlc.New()
 	return func(ctx context.Context, note Note) (int64, Note, error) {
-		r, err := q.OutboxClaimFloorRaise(ctx, db, dbsqlc.OutboxClaimFloorRaiseParams{NotedLast: note.Last, Noted: note.Running})
-		return r.Floor, noted(r.NextLast, r.NextNoted), err
+		r, err := q.OutboxClaimFloorRaise(ctx, db, dbsqlc.OutboxClaimFloorRaiseParams{NotedLast: note.Last, NotedInserters: note.Inserters})
+		return r.Floor, noted(r.NextLast, r.NextInserters), err
 	}
 }
 
-func noted(last int64, running string) Note {
-	return Note{Last: pgtype.Int8{Int64: last, Valid: true}, Running: pgtype.Text{String: running, Valid: true}}
+func noted(last int64, inserters []string) Note {
+	if inserters == nil {
+		inserters = []string{} // none: not NULL, which would mean no note
+	}
+	return Note{Last: pgtype.Int8{Int64: last, Valid: true}, Inserters: inserters}
 }

@@ -93,9 +93,10 @@ func TestTheFloorWaitsForATransactionThatHoldsAnEarlierId(t *testing.T) {
 	tx, err := db.Session(t).Begin(ctx)
 	require.NoError(t, err)
 	late := testfactory.InboxRow(ctx, t, tx, &testfactory.InboxRowOpts{MessageID: "late"})
+	require.LessOrEqual(t, k.settle(t), late, "an uncommitted row holds the floor, the newest transaction of all")
 	after := processed(t, db.Pool, 5, "after")
 	require.Greater(t, after[0], late)
-	require.LessOrEqual(t, k.settle(t), late, "an uncommitted row holds the floor")
+	require.LessOrEqual(t, k.settle(t), late, "an uncommitted row holds the floor while later rows end")
 	require.NoError(t, tx.Commit(ctx))
 
 	require.LessOrEqual(t, k.settle(t), late)
@@ -140,6 +141,40 @@ func TestAReplayUnderTheFloorIsClaimed(t *testing.T) {
 		require.NoError(t, err)
 		require.LessOrEqual(t, k.settle(t), ids[3], "the keeper raises nothing past a replay it cannot see yet")
 		require.NoError(t, tx.Commit(ctx))
+
+		require.Equal(t, []int64{ids[3]}, claimInbox(t, db.Pool))
+	})
+
+	// The keeper holds the floor lock, about to raise the floor past the
+	// row on a scan that saw it processed, when the replay comes: the
+	// replay waits for the lock, then lowers the floor from where the
+	// keeper left it.
+	t.Run("WhileTheKeeperRaises", func(t *testing.T) {
+		t.Parallel()
+		db := testenv.NewDB(t)
+		ctx := t.Context()
+		k := &keeper{raise: claimfloor.Inbox(db.Pool)}
+		ids := processed(t, db.Pool, 10, "m")
+		require.Greater(t, k.settle(t), ids[9])
+
+		raising, err := db.Session(t).Begin(ctx)
+		require.NoError(t, err)
+		_, err = raising.Exec(ctx, "SELECT claim_floor_lock('inbox_claim_floor_seq', false)")
+		require.NoError(t, err)
+		replayed := make(chan error, 1)
+		go func() {
+			_, err := db.Pool.Exec(ctx, "UPDATE inbox SET replay_requested = true, replay_reason = 'test' WHERE id = $1", ids[3])
+			replayed <- err
+		}()
+		select {
+		case err := <-replayed:
+			t.Fatalf("the replay did not wait for the keeper's lock: %v", err)
+		case <-time.After(300 * time.Millisecond):
+		}
+		_, err = raising.Exec(ctx, "SELECT setval('inbox_claim_floor_seq', $1::bigint, true)", ids[9]+1)
+		require.NoError(t, err)
+		require.NoError(t, raising.Commit(ctx))
+		require.NoError(t, <-replayed)
 
 		require.Equal(t, []int64{ids[3]}, claimInbox(t, db.Pool))
 	})

@@ -94,31 +94,31 @@ func (q *Queries) InboxClaimBatch(ctx context.Context, db DBTX, arg InboxClaimBa
 }
 
 const inboxClaimFloorRaise = `-- name: InboxClaimFloorRaise :one
-SELECT r.floor::bigint AS floor, r.next_last::bigint AS next_last, r.next_noted::text AS next_noted
-FROM inbox_claim_floor_raise($1::bigint, $2::text::pg_snapshot) AS r
+SELECT r.floor::bigint AS floor, r.next_last::bigint AS next_last, r.next_inserters::text[] AS next_inserters
+FROM inbox_claim_floor_raise($1::bigint, $2::text[]) AS r
 `
 
 type InboxClaimFloorRaiseParams struct {
-	NotedLast pgtype.Int8
-	Noted     pgtype.Text
+	NotedLast      pgtype.Int8
+	NotedInserters []string
 }
 
 type InboxClaimFloorRaiseRow struct {
-	Floor     int64
-	NextLast  int64
-	NextNoted string
+	Floor         int64
+	NextLast      int64
+	NextInserters []string
 }
 
 // InboxClaimFloorRaise raises the inbox's claim floor as far as the note
-// from the call before proves safe, and returns the floor and the next
-// note (noted_last and noted are NULL the first time). The claims start
-// their scans at the floor: every pending message has an id at least this
-// (migration 00022 has the argument). It runs as a statement of its own,
-// under READ COMMITTED.
+// from the call before proves safe, and returns the floor and the note
+// for the next call (noted_last and noted_inserters are NULL the first
+// time). The claims start their scans at the floor: every pending message
+// has an id at least this (migration 00022 has the argument). It runs as a
+// statement of its own, under READ COMMITTED.
 func (q *Queries) InboxClaimFloorRaise(ctx context.Context, db DBTX, arg InboxClaimFloorRaiseParams) (InboxClaimFloorRaiseRow, error) {
-	row := db.QueryRow(ctx, inboxClaimFloorRaise, arg.NotedLast, arg.Noted)
+	row := db.QueryRow(ctx, inboxClaimFloorRaise, arg.NotedLast, arg.NotedInserters)
 	var i InboxClaimFloorRaiseRow
-	err := row.Scan(&i.Floor, &i.NextLast, &i.NextNoted)
+	err := row.Scan(&i.Floor, &i.NextLast, &i.NextInserters)
 	return i, err
 }
 

@@ -134,28 +134,28 @@ func (q *Queries) OutboxClaimBatch(ctx context.Context, db DBTX, arg OutboxClaim
 }
 
 const outboxClaimFloorRaise = `-- name: OutboxClaimFloorRaise :one
-SELECT r.floor::bigint AS floor, r.next_last::bigint AS next_last, r.next_noted::text AS next_noted
-FROM outbox_claim_floor_raise($1::bigint, $2::text::pg_snapshot) AS r
+SELECT r.floor::bigint AS floor, r.next_last::bigint AS next_last, r.next_inserters::text[] AS next_inserters
+FROM outbox_claim_floor_raise($1::bigint, $2::text[]) AS r
 `
 
 type OutboxClaimFloorRaiseParams struct {
-	NotedLast pgtype.Int8
-	Noted     pgtype.Text
+	NotedLast      pgtype.Int8
+	NotedInserters []string
 }
 
 type OutboxClaimFloorRaiseRow struct {
-	Floor     int64
-	NextLast  int64
-	NextNoted string
+	Floor         int64
+	NextLast      int64
+	NextInserters []string
 }
 
 // OutboxClaimFloorRaise does for the outbox what InboxClaimFloorRaise does
 // for the inbox: every row neither published nor dead has an id at least
 // the floor.
 func (q *Queries) OutboxClaimFloorRaise(ctx context.Context, db DBTX, arg OutboxClaimFloorRaiseParams) (OutboxClaimFloorRaiseRow, error) {
-	row := db.QueryRow(ctx, outboxClaimFloorRaise, arg.NotedLast, arg.Noted)
+	row := db.QueryRow(ctx, outboxClaimFloorRaise, arg.NotedLast, arg.NotedInserters)
 	var i OutboxClaimFloorRaiseRow
-	err := row.Scan(&i.Floor, &i.NextLast, &i.NextNoted)
+	err := row.Scan(&i.Floor, &i.NextLast, &i.NextInserters)
 	return i, err
 }
 
