@@ -124,89 +124,73 @@ END;
 $$;
 -- +goose StatementEnd
 
--- inbox_claim_floor_raise raises the inbox's floor as far as the keeper's
--- note proves safe, and returns the floor with the note for the next call:
--- the note given, while its inserters run (or the floor lock is taken),
--- else a new one. The keeper calls it in a statement of its own, first
--- with a NULL note. A note whose last id is past the sequence's (taken on
--- another server, before a failover) is dropped.
+-- claim_floor_raise raises the floor seq of tbl, whose open rows (those
+-- a claim may take, now or later) are those where open holds, as far as
+-- the keeper's note proves safe, and returns the floor with the note for
+-- the next call: the note given, while its inserters run (or the floor
+-- lock is taken), else a new one. The keeper calls it (through the
+-- table's function below) in a statement of its own, first with a NULL
+-- note. A note whose last id is past the sequence's (taken on another
+-- server, before a failover) is dropped. Its scan is planned at each
+-- call, for the table as it is.
 -- +goose StatementBegin
-CREATE FUNCTION inbox_claim_floor_raise(noted_last bigint, noted_inserters text[],
-                                        OUT floor bigint, OUT next_last bigint, OUT next_inserters text[])
-LANGUAGE plpgsql
-SET search_path FROM CURRENT
--- Planned at each call, for the table as it is: a plan kept from when the
--- table was small would scan it whole.
-SET plan_cache_mode = force_custom_plan
-AS $$
+CREATE FUNCTION claim_floor_raise(tbl regclass, seq regclass, open text, noted_last bigint, noted_inserters text[],
+                                  OUT floor bigint, OUT next_last bigint, OUT next_inserters text[])
+LANGUAGE plpgsql AS $$
 DECLARE
+    ids regclass := pg_get_serial_sequence(tbl::text, 'id')::regclass;
     from_id bigint;
 BEGIN
-    floor := inbox_claim_floor();
-    IF noted_last > coalesce(pg_sequence_last_value(pg_get_serial_sequence('inbox', 'id')::regclass), 0) THEN
+    floor := coalesce(pg_sequence_last_value(seq), 0);
+    IF noted_last > coalesce(pg_sequence_last_value(ids), 0) THEN
         noted_last := NULL;
     END IF;
     IF noted_last IS NOT NULL THEN
-        IF NOT claim_floor_proven('inbox_claim_floor_seq', 'inbox', noted_inserters) THEN
+        IF NOT claim_floor_proven(seq, tbl, noted_inserters) THEN
             next_last := noted_last;
             next_inserters := noted_inserters;
             RETURN;
         END IF;
         -- Read under the lock: a replay that lowered the floor has committed.
-        from_id := inbox_claim_floor();
+        from_id := coalesce(pg_sequence_last_value(seq), 0);
         IF noted_last >= from_id THEN
             -- A new statement, so a new snapshot: it sees every row up to noted_last.
-            SELECT coalesce(min(i.id), noted_last + 1) INTO floor
-            FROM inbox i
-            WHERE i.status = 'pending' AND i.id >= from_id AND i.id <= noted_last;
-            PERFORM setval('inbox_claim_floor_seq', floor, true);
+            EXECUTE format('SELECT coalesce(min(id), $2 + 1) FROM %s WHERE (%s) AND id >= $1 AND id <= $2', tbl, open)
+                INTO floor USING from_id, noted_last;
+            PERFORM setval(seq, floor, true);
         ELSE
             floor := from_id;
         END IF;
     END IF;
     -- The last id handed out, then the transactions inserting now: each
     -- took the inserting lock before its rows took their ids.
-    next_last := coalesce(pg_sequence_last_value(pg_get_serial_sequence('inbox', 'id')::regclass), 0);
-    next_inserters := claim_floor_inserters('inbox');
+    next_last := coalesce(pg_sequence_last_value(ids), 0);
+    next_inserters := claim_floor_inserters(tbl);
 END;
 $$;
 -- +goose StatementEnd
 
--- outbox_claim_floor_raise does for the outbox what inbox_claim_floor_raise
--- does for the inbox.
+-- inbox_claim_floor_raise raises the inbox's floor (claim_floor_raise):
+-- its open rows are the pending messages.
+-- +goose StatementBegin
+CREATE FUNCTION inbox_claim_floor_raise(noted_last bigint, noted_inserters text[],
+                                        OUT floor bigint, OUT next_last bigint, OUT next_inserters text[])
+LANGUAGE sql
+SET search_path FROM CURRENT
+AS $$
+    SELECT * FROM claim_floor_raise('inbox', 'inbox_claim_floor_seq', $open$status = 'pending'$open$, noted_last, noted_inserters)
+$$;
+-- +goose StatementEnd
+
+-- outbox_claim_floor_raise raises the outbox's floor: its open rows are
+-- those neither published nor dead.
 -- +goose StatementBegin
 CREATE FUNCTION outbox_claim_floor_raise(noted_last bigint, noted_inserters text[],
                                          OUT floor bigint, OUT next_last bigint, OUT next_inserters text[])
-LANGUAGE plpgsql
+LANGUAGE sql
 SET search_path FROM CURRENT
-SET plan_cache_mode = force_custom_plan
 AS $$
-DECLARE
-    from_id bigint;
-BEGIN
-    floor := outbox_claim_floor();
-    IF noted_last > coalesce(pg_sequence_last_value(pg_get_serial_sequence('outbox', 'id')::regclass), 0) THEN
-        noted_last := NULL;
-    END IF;
-    IF noted_last IS NOT NULL THEN
-        IF NOT claim_floor_proven('outbox_claim_floor_seq', 'outbox', noted_inserters) THEN
-            next_last := noted_last;
-            next_inserters := noted_inserters;
-            RETURN;
-        END IF;
-        from_id := outbox_claim_floor();
-        IF noted_last >= from_id THEN
-            SELECT coalesce(min(o.id), noted_last + 1) INTO floor
-            FROM outbox o
-            WHERE o.published_at IS NULL AND o.dead_at IS NULL AND o.id >= from_id AND o.id <= noted_last;
-            PERFORM setval('outbox_claim_floor_seq', floor, true);
-        ELSE
-            floor := from_id;
-        END IF;
-    END IF;
-    next_last := coalesce(pg_sequence_last_value(pg_get_serial_sequence('outbox', 'id')::regclass), 0);
-    next_inserters := claim_floor_inserters('outbox');
-END;
+    SELECT * FROM claim_floor_raise('outbox', 'outbox_claim_floor_seq', 'published_at IS NULL AND dead_at IS NULL', noted_last, noted_inserters)
 $$;
 -- +goose StatementEnd
 
@@ -278,8 +262,9 @@ CREATE TRIGGER outbox_claim_floor_replay AFTER UPDATE ON outbox
 FOR EACH ROW WHEN (OLD.dead_at IS NOT NULL AND NEW.dead_at IS NULL AND NEW.published_at IS NULL)
 EXECUTE FUNCTION claim_floor_replay();
 
--- Only the service raises the floors.
-REVOKE EXECUTE ON FUNCTION inbox_claim_floor_raise(bigint, text[]), outbox_claim_floor_raise(bigint, text[]) FROM PUBLIC;
+-- Only the service raises the floors (and it needs UPDATE on the floors).
+REVOKE EXECUTE ON FUNCTION claim_floor_raise(regclass, regclass, text, bigint, text[]),
+    inbox_claim_floor_raise(bigint, text[]), outbox_claim_floor_raise(bigint, text[]) FROM PUBLIC;
 
 -- The grants of migration 00021 stay as they were, under another name.
 -- +goose StatementBegin
@@ -303,8 +288,8 @@ BEGIN
         GRANT SELECT, UPDATE ON inbox_claim_floor_seq, outbox_claim_floor_seq TO inbox_service;
         EXECUTE format('GRANT SELECT ON %s, %s TO inbox_service',
                        pg_get_serial_sequence('inbox', 'id'), pg_get_serial_sequence('outbox', 'id'));
-        GRANT EXECUTE ON FUNCTION inbox_claim_floor_raise(bigint, text[]), outbox_claim_floor_raise(bigint, text[])
-            TO inbox_service;
+        GRANT EXECUTE ON FUNCTION claim_floor_raise(regclass, regclass, text, bigint, text[]),
+            inbox_claim_floor_raise(bigint, text[]), outbox_claim_floor_raise(bigint, text[]) TO inbox_service;
     END IF;
     RETURN result;
 END;
@@ -324,6 +309,7 @@ DROP FUNCTION claim_floor_replay();
 DROP FUNCTION claim_floor_lower(text, bigint);
 DROP FUNCTION outbox_claim_floor_raise(bigint, text[]);
 DROP FUNCTION inbox_claim_floor_raise(bigint, text[]);
+DROP FUNCTION claim_floor_raise(regclass, regclass, text, bigint, text[]);
 DROP FUNCTION claim_floor_proven(regclass, regclass, text[]);
 DROP FUNCTION claim_floor_inserters(regclass);
 DROP TRIGGER outbox_claim_floor_inserting ON outbox;

@@ -267,12 +267,7 @@ func TestAClaimUnderAnOldSnapshotSkipsTheEndedRows(t *testing.T) {
 			k.settle(t)
 
 			// A session as the service opens it (plain index scans).
-			cc, err := pgx.ParseConfig(db.URL)
-			require.NoError(t, err)
-			pipeline.ConfigureSession(cc)
-			conn, err := pgx.ConnectConfig(ctx, cc)
-			require.NoError(t, err)
-			defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
+			conn := db.SessionWith(t, pipeline.ConfigureSession)
 			tx, err := conn.Begin(ctx)
 			require.NoError(t, err)
 			defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()

@@ -70,12 +70,7 @@ func TestTheLockFunctionsReadAnIndexOnceTheTableHasGrown(t *testing.T) {
 			require.NoError(t, err)
 
 			// A session as the service opens it, that has locked before.
-			cc, err := pgx.ParseConfig(db.URL)
-			require.NoError(t, err)
-			pipeline.ConfigureSession(cc)
-			conn, err := pgx.ConnectConfig(ctx, cc)
-			require.NoError(t, err)
-			defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
+			conn := db.SessionWith(t, pipeline.ConfigureSession)
 			for range 10 {
 				require.NoError(t, pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error { return c.lock(ctx, tx) }))
 			}

@@ -1,7 +1,6 @@
 package pipeline_test
 
 import (
-	"context"
 	"encoding/json"
 	"testing"
 	"time"
@@ -39,12 +38,7 @@ func TestClaimsStayCheapWithoutVacuum(t *testing.T) {
 			  AND backend_xmin::text::bigint <= $1`, updated) == 0
 	}, time.Minute, 50*time.Millisecond, "a transaction older than the update is still open")
 
-	cc, err := pgx.ParseConfig(db.URL)
-	require.NoError(t, err)
-	pipeline.ConfigureSession(cc)
-	conn, err := pgx.ConnectConfig(ctx, cc)
-	require.NoError(t, err)
-	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
+	conn := db.SessionWith(t, pipeline.ConfigureSession)
 
 	// The candidates of OutboxClaimBatch.
 	const claim = `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)

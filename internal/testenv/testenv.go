@@ -242,7 +242,20 @@ func (db *DB) Strings(tb testing.TB, query string, args ...any) []string {
 // would. It is closed at the end of the test if it is still open.
 func (db *DB) Session(tb testing.TB) *pgx.Conn {
 	tb.Helper()
-	conn, err := pgx.Connect(context.WithoutCancel(tb.Context()), db.URL)
+	return db.SessionWith(tb, nil)
+}
+
+// SessionWith is Session with the connection's config passed through
+// configure first (pipeline.ConfigureSession: a session as the service
+// opens it).
+func (db *DB) SessionWith(tb testing.TB, configure func(*pgx.ConnConfig)) *pgx.Conn {
+	tb.Helper()
+	cc, err := pgx.ParseConfig(db.URL)
+	require.NoError(tb, err)
+	if configure != nil {
+		configure(cc)
+	}
+	conn, err := pgx.ConnectConfig(context.WithoutCancel(tb.Context()), cc)
 	require.NoError(tb, err)
 	tb.Cleanup(func() { _ = conn.Close(context.Background()) })
 	return conn
