@@ -39,7 +39,12 @@ ON CONFLICT (idempotency_key) DO NOTHING;
 -- publishing are left out after it, and are at most that relay's batch.
 --
 -- The scan starts at the claim floor (see OutboxClaimFloorRaise): under it
--- every row is published or dead.
+-- every row is published or dead. So do the look-ups of an order's earlier
+-- open rows; its dead rows are looked up in an index of their own. None of
+-- them reads outbox_unpublished_idx from its start: a snapshot held open
+-- fills it with the entries of every row published since (and with
+-- statistics the planner took that for cheap: 0.9 s a claim after 60 s
+-- held at 500 orders/s).
 --
 -- claimed_at is set only by releases before this one, which claimed rows in
 -- a transaction of their own; such a claim is respected for lease_ms.
@@ -51,14 +56,24 @@ WITH candidate AS (
       AND o.id >= outbox_claim_floor()
       AND (o.claimed_at IS NULL OR o.claimed_at < now() - sqlc.arg(lease_ms)::bigint * interval '1 millisecond')
       AND o.next_attempt_at <= now()
-      AND (o.order_key IS NULL OR NOT EXISTS (
-          SELECT 1 FROM outbox w
-          WHERE w.order_key = o.order_key
-            AND w.id < o.id
-            AND w.published_at IS NULL
-            AND (w.dead_at IS NOT NULL
-                 OR w.next_attempt_at > now()
-                 OR w.claimed_at >= now() - sqlc.arg(lease_ms)::bigint * interval '1 millisecond')
+      AND (o.order_key IS NULL OR (
+          -- An earlier row of the order that is dead. Dead rows are never
+          -- published: the look-up names no other condition, so that only
+          -- outbox_dead_order_key_idx serves it.
+          NOT EXISTS (
+              SELECT 1 FROM outbox d
+              WHERE d.order_key = o.order_key AND d.id < o.id AND d.dead_at IS NOT NULL
+          )
+          -- An earlier row of the order waiting for a retry or under a
+          -- lease: such a row is open, so at the floor or above.
+          AND NOT EXISTS (
+              SELECT 1 FROM outbox w
+              WHERE w.order_key = o.order_key
+                AND w.id >= outbox_claim_floor() AND w.id < o.id
+                AND w.published_at IS NULL
+                AND (w.next_attempt_at > now()
+                     OR w.claimed_at >= now() - sqlc.arg(lease_ms)::bigint * interval '1 millisecond')
+          )
       ))
     ORDER BY o.id
     LIMIT sqlc.arg(max_rows)
@@ -74,7 +89,7 @@ WHERE outbox.id = c.id
   AND (c.order_key IS NULL OR NOT EXISTS (
       SELECT 1 FROM outbox e
       WHERE e.order_key = c.order_key
-        AND e.id < c.id
+        AND e.id >= outbox_claim_floor() AND e.id < c.id
         AND e.published_at IS NULL
         AND e.id NOT IN (SELECT id FROM candidate)
   ))
