@@ -215,7 +215,7 @@ WITH c AS (
            unnest(@reasons::text[]) AS reason
 ), claimed AS (
     SELECT i.id FROM inbox i JOIN c ON c.id = i.id AND c.claimed_at = i.claimed_at
-    WHERE i.status = 'pending'
+    WHERE i.status = 'pending' AND i.id >= inbox_claim_floor()
 ), free AS (
     SELECT i.id FROM inbox i WHERE i.id IN (SELECT id FROM claimed)
     FOR UPDATE OF i SKIP LOCKED
@@ -246,6 +246,11 @@ SELECT id FROM claimed WHERE id NOT IN (SELECT id FROM given);
 -- worker gives that claim back (InboxGiveBack), so the message is claimed
 -- again once the row is free, its attempt not counted.
 --
+-- A claimed message is pending, so at the claim floor or above: with the
+-- floor in its condition, a plan that reads inbox_pending_idx (the planner
+-- takes it once ANALYZE has seen few pending messages) starts there, not
+-- at the entries an old snapshot keeps (see InboxClaimBatch).
+--
 -- reply_request_ids are the message's reply requests stored by now: the
 -- transaction answers them when the message ends (InboxReplyAnswer); a
 -- request stored later is answered by InboxReplyAnswerLeft.
@@ -256,7 +261,7 @@ SELECT i.id, i.message_id, i.message_type, i.payload, i.attempts, i.received_at,
 FROM inbox i
 JOIN (SELECT unnest(@ids::bigint[]) AS id, unnest(@claimed_ats::timestamptz[]) AS claimed_at) AS c
   ON c.id = i.id AND c.claimed_at = i.claimed_at
-WHERE i.status = 'pending'
+WHERE i.status = 'pending' AND i.id >= inbox_claim_floor()
 ORDER BY i.id
 FOR UPDATE OF i SKIP LOCKED;
 

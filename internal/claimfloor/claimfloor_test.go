@@ -54,6 +54,26 @@ func claimInbox(t *testing.T, db dbsqlc.DBTX) []int64 {
 	return ids
 }
 
+// claimAndLockInbox claims as claimInbox does, then locks the claimed
+// rows as the worker's transaction does (InboxLockClaimed).
+func claimAndLockInbox(t *testing.T, db dbsqlc.DBTX) []int64 {
+	t.Helper()
+	rows, err := q.InboxClaimBatch(t.Context(), db, dbsqlc.InboxClaimBatchParams{Process: "test", Build: "test", MaxRows: 100})
+	require.NoError(t, err)
+	var p dbsqlc.InboxLockClaimedParams
+	for _, r := range rows {
+		p.Ids = append(p.Ids, r.ID)
+		p.ClaimedAts = append(p.ClaimedAts, r.ClaimedAt)
+	}
+	locked, err := q.InboxLockClaimed(t.Context(), db, p)
+	require.NoError(t, err)
+	var ids []int64
+	for _, r := range locked {
+		ids = append(ids, r.ID)
+	}
+	return ids
+}
+
 func claimOutbox(t *testing.T, db dbsqlc.DBTX) []int64 {
 	t.Helper()
 	rows, err := q.OutboxClaimBatch(t.Context(), db, dbsqlc.OutboxClaimBatchParams{LeaseMs: 60_000, MaxRows: 100})
@@ -249,7 +269,7 @@ func TestAClaimUnderAnOldSnapshotSkipsTheEndedRows(t *testing.T) {
 				id := fmt.Sprintf("new-%d", i)
 				testfactory.InboxRow(t.Context(), t, db.Pool, &testfactory.InboxRowOpts{MessageID: id, OrderKey: id})
 			}
-		}, claimInbox},
+		}, claimAndLockInbox},
 		{"outbox", claimfloor.Outbox, func(t *testing.T, db *testenv.DB) {
 			outboxRows(t, db.Pool, "old", ended)
 			_, err := db.Pool.Exec(t.Context(), "UPDATE outbox SET published_at = now()")
