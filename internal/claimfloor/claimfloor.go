@@ -10,7 +10,6 @@ package claimfloor
 import (
 	"context"
 	"log/slog"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgtype"
@@ -48,12 +47,7 @@ type Keeper struct {
 	Interval time.Duration
 	// Logger receives the failures.
 	Logger *slog.Logger
-
-	floor atomic.Int64
 }
-
-// Floor returns the floor as of the last raise (0 before the first).
-func (k *Keeper) Floor() int64 { return k.floor.Load() }
 
 // Run raises the floor until ctx ends. A failed raise is logged and tried
 // again with backoff, with the note it had.
@@ -71,7 +65,7 @@ func (k *Keeper) Run(ctx context.Context) {
 	failures := retry.Failures{Policy: retry.Transient}
 	var note Note
 	for ctx.Err() == nil {
-		floor, next, err := k.Raise(ctx, note)
+		_, next, err := k.Raise(ctx, note)
 		if err != nil {
 			if !failures.Wait(ctx, logger, "raising the claim floor failed", err) {
 				return
@@ -79,7 +73,6 @@ func (k *Keeper) Run(ctx context.Context) {
 			continue
 		}
 		failures.Reset()
-		k.floor.Store(floor)
 		note = next
 		select {
 		case <-ctx.Done():
