@@ -40,6 +40,19 @@ func (k *keeper) settle(t *testing.T) int64 {
 	return floor
 }
 
+// replayOpen replays row id (replay, with $1 for it) in a transaction of
+// its own, raises the floor while that transaction is open, and commits
+// it: the keeper raises nothing past a replay it cannot see yet.
+func (k *keeper) replayOpen(t *testing.T, db *testenv.DB, replay string, id int64) {
+	t.Helper()
+	tx, err := db.Session(t).Begin(t.Context())
+	require.NoError(t, err)
+	_, err = tx.Exec(t.Context(), replay, id)
+	require.NoError(t, err)
+	require.LessOrEqual(t, k.settle(t), id, "the keeper raises nothing past a replay it cannot see yet")
+	require.NoError(t, tx.Commit(t.Context()))
+}
+
 var q = dbsqlc.New()
 
 func claimInbox(t *testing.T, db dbsqlc.DBTX) []int64 {
@@ -150,17 +163,11 @@ func TestAReplayUnderTheFloorIsClaimed(t *testing.T) {
 	t.Run("Inbox", func(t *testing.T) {
 		t.Parallel()
 		db := testenv.NewDB(t)
-		ctx := t.Context()
 		k := &keeper{raise: claimfloor.Inbox(db.Pool)}
 		ids := processed(t, db.Pool, 10, "m")
 		require.Greater(t, k.settle(t), ids[9])
 
-		tx, err := db.Session(t).Begin(ctx)
-		require.NoError(t, err)
-		_, err = tx.Exec(ctx, "UPDATE inbox SET replay_requested = true, replay_reason = 'test' WHERE id = $1", ids[3])
-		require.NoError(t, err)
-		require.LessOrEqual(t, k.settle(t), ids[3], "the keeper raises nothing past a replay it cannot see yet")
-		require.NoError(t, tx.Commit(ctx))
+		k.replayOpen(t, db, "UPDATE inbox SET replay_requested = true, replay_reason = 'test' WHERE id = $1", ids[3])
 
 		require.Equal(t, []int64{ids[3]}, claimInbox(t, db.Pool))
 	})
@@ -211,12 +218,7 @@ func TestAReplayUnderTheFloorIsClaimed(t *testing.T) {
 		require.NoError(t, err)
 		require.Greater(t, k.settle(t), ids[9])
 
-		tx, err := db.Session(t).Begin(ctx)
-		require.NoError(t, err)
-		_, err = tx.Exec(ctx, "UPDATE outbox SET replay_requested = true, replay_reason = 'test' WHERE id = $1", ids[3])
-		require.NoError(t, err)
-		require.LessOrEqual(t, k.settle(t), ids[3])
-		require.NoError(t, tx.Commit(ctx))
+		k.replayOpen(t, db, "UPDATE outbox SET replay_requested = true, replay_reason = 'test' WHERE id = $1", ids[3])
 
 		require.Equal(t, []int64{ids[3]}, claimOutbox(t, db.Pool))
 	})
