@@ -108,3 +108,16 @@ WHERE id IN (
     LIMIT sqlc.arg(max_rows)
     FOR UPDATE SKIP LOCKED
 );
+
+-- name: JanitorRotateKeys :one
+-- JanitorRotateKeys opens the key ledger's next generation if the current
+-- one has lasted a seventh of the dedupe window, and returns its number, or
+-- 0 if none was due (see inbox_keys_rotate).
+SELECT coalesce(inbox_keys_rotate(make_interval(secs => sqlc.arg(dedupe_window_seconds)::float8)), 0)::bigint AS generation;
+
+-- name: JanitorKeysCoverWindow :one
+-- JanitorKeysCoverWindow reports whether the key ledger has remembered
+-- every id stored within the last dedupe window: it started at least that
+-- long ago. Until then, rows stored before it are the only record of
+-- their ids, and stay for the window.
+SELECT coalesce(inbox_keys_since() <= now() - make_interval(secs => sqlc.arg(dedupe_window_seconds)::float8), false)::boolean AS covered;

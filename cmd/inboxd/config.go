@@ -133,9 +133,9 @@ func (c *config) settings() []setting {
 		{name: "INBOX_LOCK_TIMEOUT", def: "5s", doc: "PostgreSQL lock_timeout of every connection: no lock wait lasts longer; a message whose handling runs into it waits and is tried again without losing an attempt", apply: durationVar(&c.lockTimeout, time.Millisecond)},
 		{name: "INBOX_IDLE_IN_TX_TIMEOUT", def: "60s", doc: "PostgreSQL idle_in_transaction_session_timeout of every connection; at least 15s, as the relay waits for the broker's confirms in its transaction", apply: durationVar(&c.idleInTxTimeout, time.Millisecond)},
 		{name: "INBOX_DB_CONNECT_TIMEOUT", def: "5s", doc: "bound on opening one PostgreSQL connection", apply: durationVar(&c.dbConnectTimeout, time.Millisecond)},
-		{name: "INBOX_RETENTION", def: durationString(janitor.RetentionDefault), doc: "how long processed messages, their attempt history, published outbox rows and conflict records are kept", apply: durationVar(&c.retention, time.Second)},
+		{name: "INBOX_RETENTION", def: durationString(janitor.RetentionDefault), doc: "how long processed messages (with their payloads, for replay), their attempt history, published outbox rows and conflict records are kept; their ids are remembered for INBOX_DEDUPE_WINDOW either way", apply: durationVar(&c.retention, time.Second)},
 		{name: "INBOX_DEAD_RETENTION", def: durationString(janitor.DeadRetentionDefault), doc: "how long dead messages are kept unless replayed; at least INBOX_RETENTION", apply: durationVar(&c.deadRetention, time.Second)},
-		{name: "INBOX_DEDUPE_WINDOW", def: "84h", doc: "the longest time after which a message may be delivered again; a retention shorter than it is refused", apply: durationVar(&c.dedupeWindow, time.Second)},
+		{name: "INBOX_DEDUPE_WINDOW", def: durationString(janitor.DedupeWindowDefault), doc: "how long a message id is remembered after its message was stored (at least this, at most a seventh longer): the longest time after which a message may be delivered again", apply: durationVar(&c.dedupeWindow, time.Second)},
 		{name: "INBOX_JANITOR_INTERVAL", def: durationString(janitor.IntervalDefault), doc: "time between two cleanups of rows past their retention; 0 turns the janitor off in this process", apply: durationVar(&c.janitorInterval, 0)},
 		{name: "INBOX_JANITOR_BATCH_SIZE", def: strconv.Itoa(janitor.BatchSizeDefault), doc: "most rows deleted per cleanup statement", apply: intVar(&c.janitorBatch, 1, 100000)},
 		{name: "INBOX_SHUTDOWN_TIMEOUT", def: "20s", doc: "grace period to finish in-flight work after SIGTERM", apply: durationVar(&c.shutdownTimeout, time.Millisecond)},
@@ -204,11 +204,6 @@ func loadConfig(getenv func(string) string, command string) (*config, error) {
 	}
 	if c.retryMax < c.retryBase {
 		return nil, fmt.Errorf("INBOX_RETRY_MAX is invalid: %s is shorter than INBOX_RETRY_BASE (%s)", c.retryMax, c.retryBase)
-	}
-	// A message id forgotten before its last redelivery would let that
-	// redelivery in as a new message.
-	if c.retention < c.dedupeWindow {
-		return nil, fmt.Errorf("INBOX_RETENTION is invalid: %s is shorter than INBOX_DEDUPE_WINDOW (%s), so a redelivered message could be handled twice", c.retention, c.dedupeWindow)
 	}
 	if c.deadRetention < c.retention {
 		return nil, fmt.Errorf("INBOX_DEAD_RETENTION is invalid: %s is shorter than INBOX_RETENTION (%s)", c.deadRetention, c.retention)

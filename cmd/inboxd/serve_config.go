@@ -126,6 +126,7 @@ func janitorConfig(cfg *config, d pipelineDeps) *janitor.Config {
 		Logger:        d.logger,
 		Retention:     cfg.retention,
 		DeadRetention: cfg.deadRetention,
+		DedupeWindow:  cfg.dedupeWindow,
 		Interval:      cfg.janitorInterval,
 		BatchSize:     cfg.janitorBatch,
 		Observe:       d.metrics.ObserveJanitor,

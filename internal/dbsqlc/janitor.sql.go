@@ -201,3 +201,32 @@ func (q *Queries) JanitorDeleteUndeliverable(ctx context.Context, db DBTX, arg J
 	}
 	return result.RowsAffected(), nil
 }
+
+const janitorKeysCoverWindow = `-- name: JanitorKeysCoverWindow :one
+SELECT coalesce(inbox_keys_since() <= now() - make_interval(secs => $1::float8), false)::boolean AS covered
+`
+
+// JanitorKeysCoverWindow reports whether the key ledger has remembered
+// every id stored within the last dedupe window: it started at least that
+// long ago. Until then, rows stored before it are the only record of
+// their ids, and stay for the window.
+func (q *Queries) JanitorKeysCoverWindow(ctx context.Context, db DBTX, dedupeWindowSeconds float64) (bool, error) {
+	row := db.QueryRow(ctx, janitorKeysCoverWindow, dedupeWindowSeconds)
+	var covered bool
+	err := row.Scan(&covered)
+	return covered, err
+}
+
+const janitorRotateKeys = `-- name: JanitorRotateKeys :one
+SELECT coalesce(inbox_keys_rotate(make_interval(secs => $1::float8)), 0)::bigint AS generation
+`
+
+// JanitorRotateKeys opens the key ledger's next generation if the current
+// one has lasted a seventh of the dedupe window, and returns its number, or
+// 0 if none was due (see inbox_keys_rotate).
+func (q *Queries) JanitorRotateKeys(ctx context.Context, db DBTX, dedupeWindowSeconds float64) (int64, error) {
+	row := db.QueryRow(ctx, janitorRotateKeys, dedupeWindowSeconds)
+	var generation int64
+	err := row.Scan(&generation)
+	return generation, err
+}

@@ -109,6 +109,26 @@ type InboxHeldBack struct {
 	OldestHeldReceivedAt interface{}
 }
 
+type InboxKey struct {
+	Slot      int16
+	MessageID string
+}
+
+type InboxKeyGeneration struct {
+	Generation int64
+	Slot       int16
+	OpenedAt   time.Time
+	ClosedAt   *time.Time
+}
+
+type InboxKeyLedger struct {
+	Generation int64
+	Slot       int16
+	OpenedAt   time.Time
+	ClosedAt   *time.Time
+	Keys       int64
+}
+
 type InboxLockHolder struct {
 	Pid             pgtype.Int4
 	Usename         string

@@ -1,7 +1,9 @@
 // Package janitor deletes what the service no longer needs: processed
 // messages (and their attempt history and reply requests) past the retention
 // window, dead ones past a longer one, published outbox rows, undeliverable
-// replies and old conflict records.
+// replies and old conflict records. It also rotates the key ledger, which
+// remembers the ids of messages for the dedupe window whether or not their
+// rows are still kept (migration 00025).
 //
 // It deletes in small batches, each its own short transaction that takes
 // only rows nobody has locked (SKIP LOCKED), so cleanup never holds up
@@ -43,8 +45,9 @@ const (
 const (
 	IntervalDefault      = time.Minute
 	BatchSizeDefault     = 1000
-	RetentionDefault     = 7 * 24 * time.Hour
+	RetentionDefault     = 24 * time.Hour
 	DeadRetentionDefault = 30 * 24 * time.Hour
+	DedupeWindowDefault  = 84 * time.Hour
 )
 
 // Config configures a Janitor.
@@ -57,6 +60,11 @@ type Config struct {
 	// DeadRetention is how long dead messages are kept, unless an operator
 	// asked for a replay. At least Retention. Required.
 	DeadRetention time.Duration
+	// DedupeWindow is how long the key ledger remembers a message id after
+	// its row was stored. Messages stored before the ledger started are
+	// kept for at least this long too, whatever the retentions, until the
+	// ledger has covered a whole window. Defaults to 84 hours.
+	DedupeWindow time.Duration
 	// Interval is the time between two cleanups. Defaults to 1 minute.
 	Interval time.Duration
 	// BatchSize is the most rows one delete statement removes. Defaults to
@@ -72,11 +80,14 @@ func (c *Config) withDefaults() (*Config, error) {
 	out.Logger = cmp.Or(out.Logger, slog.Default())
 	out.Interval = cmp.Or(out.Interval, IntervalDefault)
 	out.BatchSize = cmp.Or(out.BatchSize, BatchSizeDefault)
+	out.DedupeWindow = cmp.Or(out.DedupeWindow, DedupeWindowDefault)
 	switch {
 	case out.Retention <= 0:
 		return nil, errors.New("janitor: Retention must be positive")
 	case out.DeadRetention < out.Retention:
 		return nil, fmt.Errorf("janitor: DeadRetention (%s) must be at least Retention (%s)", out.DeadRetention, out.Retention)
+	case out.DedupeWindow < 0:
+		return nil, errors.New("janitor: DedupeWindow must be positive")
 	case out.Interval < 0:
 		return nil, errors.New("janitor: Interval must be positive")
 	case out.BatchSize < 1:
@@ -157,11 +168,31 @@ func (j *Janitor) Stop(ctx context.Context) {
 	j.service.StopOrLog(ctx, j.logger)
 }
 
-// RunOnce deletes, batch after batch, every row past its retention, and
-// returns how many of each kind it deleted. Between two batches it pauses as
-// long as the last one took. It stops between batches when ctx ends.
+// RunOnce rotates the key ledger if a rotation is due, then deletes, batch
+// after batch, every row past its retention, and returns how many of each
+// kind it deleted. Between two batches it pauses as long as the last one
+// took. It stops between batches when ctx ends. A rotation that fails (its
+// locks were not free at once) is logged and tried again the next time.
 func (j *Janitor) RunOnce(ctx context.Context) (Result, error) {
+	window := j.cfg.DedupeWindow.Seconds()
+	switch generation, err := j.queries.JanitorRotateKeys(ctx, j.pool, window); {
+	case err != nil && ctx.Err() != nil:
+		return Result{}, ctx.Err()
+	case err != nil:
+		j.logger.Warn("key ledger rotation failed, trying again at the next cleanup", slog.String("error", err.Error()))
+	case generation > 0:
+		j.logger.Info("key ledger rotated", slog.Int64("generation", generation))
+	}
 	retention, dead := j.cfg.Retention.Seconds(), j.cfg.DeadRetention.Seconds()
+	// Rows stored before the ledger started are the only record of their
+	// ids: they stay for the window, until the ledger has covered one.
+	covered, err := j.queries.JanitorKeysCoverWindow(ctx, j.pool, window)
+	if err != nil {
+		return Result{}, fmt.Errorf("read the key ledger's start: %w", err)
+	}
+	if !covered {
+		retention, dead = max(retention, window), max(dead, window)
+	}
 	limit := int32(j.cfg.BatchSize)
 	kinds := []struct {
 		rows   string

@@ -1,0 +1,200 @@
+-- +goose Up
+
+-- The key ledger remembers every message id the inbox has stored, for the
+-- dedupe window (INBOX_DEDUPE_WINDOW), apart from the inbox rows that carry
+-- the payloads. Those can then leave sooner (INBOX_RETENTION) while their
+-- ids still stop a redelivery: a key costs its id and a few bytes, a row
+-- its payload, trace context, history and indexes.
+--
+-- Keys are kept in eight slots, each a partition, written one at a time: a
+-- generation is the time one slot is written. Every seventh of the window
+-- the next slot becomes the current one, emptied first with TRUNCATE: its
+-- keys left the window (see inbox_keys_rotate). Old keys leave without a
+-- row DELETE, a dead row version or a vacuum pass, and a slot's rows are
+-- inserted once and never change, so vacuum freezes each page once.
+--
+-- Ingest asks the ledger first (InboxInsertMany): a key found there is a
+-- duplicate whether or not its inbox row is still kept. Two deliveries of
+-- one new id stored at once still meet on inbox_message_id_key, which
+-- waits for the first to commit; the ledger only answers for ids stored
+-- earlier, which are committed.
+
+-- One row per generation: which slot it wrote, and from when to when.
+-- Kept after their slot is reused, as a record (two rows a day with the
+-- default window).
+CREATE TABLE inbox_key_generations (
+    generation bigint      PRIMARY KEY,
+    slot       smallint    NOT NULL CONSTRAINT inbox_key_generations_slot_check CHECK (slot BETWEEN 0 AND 7),
+    opened_at  timestamptz NOT NULL,
+    -- When the next generation opened: every key of this one was
+    -- committed by then.
+    closed_at  timestamptz
+);
+
+-- The current generation is the one not closed, and there is one.
+CREATE UNIQUE INDEX inbox_key_generations_current_idx ON inbox_key_generations ((closed_at IS NULL)) WHERE closed_at IS NULL;
+
+CREATE TABLE inbox_keys (
+    slot       smallint NOT NULL,
+    message_id text     NOT NULL,
+    -- A partitioned table's keys include its partition key: message_id is
+    -- unique within a slot, and looked up in all of them.
+    CONSTRAINT inbox_keys_pkey PRIMARY KEY (message_id, slot)
+) PARTITION BY LIST (slot);
+
+-- Rows are never updated: the first vacuum that finds a page all visible
+-- freezes it too, and none comes back to it for wraparound.
+-- +goose StatementBegin
+DO $$
+BEGIN
+    FOR s IN 0..7 LOOP
+        EXECUTE format('CREATE TABLE %I PARTITION OF inbox_keys FOR VALUES IN (%s) WITH (autovacuum_freeze_min_age = 0)',
+                       'inbox_keys_' || s, s);
+    END LOOP;
+END;
+$$;
+-- +goose StatementEnd
+
+INSERT INTO inbox_key_generations (generation, slot, opened_at) VALUES (1, 0, now());
+
+-- inbox_keys_remember adds the ids of the rows an INSERT stored to the
+-- current generation's slot, whoever inserted them (an older inboxd, an
+-- operator). It first takes the shared "remembering" lock that
+-- inbox_keys_rotate takes exclusively, so a rotation waits for the
+-- transactions writing the old slot to end before it opens the next, and
+-- then reads the slot under a snapshot taken after the lock.
+-- +goose StatementBegin
+CREATE FUNCTION inbox_keys_remember() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock_shared(hashtext('inboxd key ledger'), hashtext(TG_RELID::text));
+    INSERT INTO inbox_keys (slot, message_id)
+    SELECT (SELECT slot FROM inbox_key_generations WHERE closed_at IS NULL), n.message_id
+    FROM new_rows n
+    ON CONFLICT DO NOTHING;
+    RETURN NULL;
+END;
+$$;
+-- +goose StatementEnd
+
+CREATE TRIGGER inbox_keys_remember
+AFTER INSERT ON inbox
+REFERENCING NEW TABLE AS new_rows
+FOR EACH STATEMENT EXECUTE FUNCTION inbox_keys_remember();
+
+-- inbox_keys_rotate opens the next generation when the current one has
+-- lasted a seventh of dedupe_window, and returns its number; else NULL.
+-- The next slot is emptied first, once every key in it has been
+-- remembered for dedupe_window since its generation closed. So a key is
+-- remembered from its commit for at least dedupe_window, and at most
+-- dedupe_window plus a seventh of it (plus however late the rotation runs).
+--
+-- Emptying the slot waits for the statements that read it (every ingest
+-- reads all slots), and then the "remembering" lock for the transactions
+-- that write the current one; new ingest statements wait behind both
+-- until it commits. Its lock_timeout bounds that pause: a rotation that
+-- cannot have its locks at once fails, to be tried again. Any number of
+-- callers may run it at once; one rotates.
+-- +goose StatementBegin
+CREATE FUNCTION inbox_keys_rotate(dedupe_window interval) RETURNS bigint
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+SET lock_timeout = '500ms'
+AS $$
+DECLARE
+    cur       inbox_key_generations;
+    next_slot smallint;
+    reused    inbox_key_generations;
+BEGIN
+    IF dedupe_window IS NULL OR dedupe_window <= interval '0' THEN
+        RAISE EXCEPTION 'inbox_keys_rotate: dedupe_window must be positive, got %', dedupe_window;
+    END IF;
+    LOCK TABLE inbox_key_generations IN SHARE ROW EXCLUSIVE MODE;
+    SELECT * INTO cur FROM inbox_key_generations WHERE closed_at IS NULL;
+    IF clock_timestamp() < cur.opened_at + dedupe_window / 7 THEN
+        RETURN NULL;
+    END IF;
+    next_slot := (cur.slot + 1) % 8;
+    SELECT * INTO reused FROM inbox_key_generations
+    WHERE slot = next_slot ORDER BY generation DESC LIMIT 1;
+    IF FOUND AND reused.closed_at > clock_timestamp() - dedupe_window THEN
+        RETURN NULL;  -- a longer window than before: its keys are still in it
+    END IF;
+
+    -- The slot first: once it is ours, no ingest statement that read it is
+    -- still running, so none holds the remembering lock and waits for us.
+    EXECUTE format('TRUNCATE %I', 'inbox_keys_' || next_slot);
+    PERFORM pg_advisory_xact_lock(hashtext('inboxd key ledger'), hashtext('inbox'::regclass::oid::text));
+    UPDATE inbox_key_generations SET closed_at = clock_timestamp() WHERE generation = cur.generation;
+    INSERT INTO inbox_key_generations (generation, slot, opened_at)
+    VALUES (cur.generation + 1, next_slot, clock_timestamp());
+    RETURN cur.generation + 1;
+END;
+$$;
+-- +goose StatementEnd
+
+-- inbox_keys_since is when the ledger started remembering: ids stored
+-- before it are known only by their inbox rows.
+-- +goose StatementBegin
+CREATE FUNCTION inbox_keys_since() RETURNS timestamptz
+LANGUAGE sql STABLE
+SET search_path FROM CURRENT
+AS $$ SELECT min(opened_at) FROM inbox_key_generations $$;
+-- +goose StatementEnd
+
+-- inbox_key_ledger shows, per generation still held, its slot, its time
+-- and how many keys it holds (counted: slow on a large ledger).
+CREATE VIEW inbox_key_ledger AS
+SELECT g.generation, g.slot, g.opened_at, g.closed_at,
+       (SELECT count(*) FROM inbox_keys k WHERE k.slot = g.slot) AS keys
+FROM inbox_key_generations g
+WHERE g.generation > (SELECT max(generation) FROM inbox_key_generations) - 8
+ORDER BY g.generation DESC;
+
+-- The grants of migration 00022 stay as they were, under another name.
+-- +goose StatementBegin
+DO $$ BEGIN ALTER FUNCTION inbox_grant_roles() RENAME TO inbox_grant_roles_00022; END $$;
+-- +goose StatementEnd
+
+-- Whoever inserts into the inbox remembers its keys; the service's
+-- janitor rotates the generations, emptying a slot with TRUNCATE.
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION inbox_grant_roles() RETURNS text
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    result text := inbox_grant_roles_00022();
+BEGIN
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'inbox_operator') THEN
+        GRANT SELECT ON inbox_keys, inbox_key_generations, inbox_key_ledger TO inbox_operator;
+    END IF;
+    IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'inbox_service') THEN
+        GRANT SELECT, INSERT ON inbox_keys TO inbox_service;
+        GRANT SELECT, INSERT, UPDATE ON inbox_key_generations TO inbox_service;
+        GRANT SELECT ON inbox_key_ledger TO inbox_service;
+        FOR s IN 0..7 LOOP
+            EXECUTE format('GRANT TRUNCATE ON %I TO inbox_service', 'inbox_keys_' || s);
+        END LOOP;
+    END IF;
+    RETURN result;
+END;
+$$;
+-- +goose StatementEnd
+
+COMMENT ON FUNCTION inbox_grant_roles_00022() IS 'the grants of migration 00022; call inbox_grant_roles() instead';
+
+SELECT inbox_grant_roles();
+
+-- +goose Down
+DROP FUNCTION inbox_grant_roles();
+ALTER FUNCTION inbox_grant_roles_00022() RENAME TO inbox_grant_roles;
+DROP VIEW inbox_key_ledger;
+DROP FUNCTION inbox_keys_since();
+DROP FUNCTION inbox_keys_rotate(interval);
+DROP TRIGGER inbox_keys_remember ON inbox;
+DROP FUNCTION inbox_keys_remember();
+DROP TABLE inbox_keys;
+DROP TABLE inbox_key_generations;
