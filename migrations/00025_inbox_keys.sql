@@ -94,14 +94,14 @@ FOR EACH STATEMENT EXECUTE FUNCTION inbox_keys_remember();
 -- Emptying the slot waits for the statements that read it (every ingest
 -- reads all slots), and then the "remembering" lock for the transactions
 -- that write the current one; new ingest statements wait behind both
--- until it commits. Its lock_timeout bounds that pause: a rotation that
--- cannot have its locks at once fails, to be tried again. Any number of
--- callers may run it at once; one rotates.
+-- until it commits. lock_wait bounds that pause (it is the transaction's
+-- lock_timeout from then on): a rotation that cannot have its locks in
+-- time fails, to be tried again. Any number of callers may run it at
+-- once; one rotates.
 -- +goose StatementBegin
-CREATE FUNCTION inbox_keys_rotate(dedupe_window interval) RETURNS bigint
+CREATE FUNCTION inbox_keys_rotate(dedupe_window interval, lock_wait interval DEFAULT '500ms') RETURNS bigint
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
-SET lock_timeout = '500ms'
 AS $$
 DECLARE
     cur       inbox_key_generations;
@@ -111,6 +111,7 @@ BEGIN
     IF dedupe_window IS NULL OR dedupe_window <= interval '0' THEN
         RAISE EXCEPTION 'inbox_keys_rotate: dedupe_window must be positive, got %', dedupe_window;
     END IF;
+    PERFORM set_config('lock_timeout', (extract(epoch FROM lock_wait) * 1000)::bigint::text, true);
     LOCK TABLE inbox_key_generations IN SHARE ROW EXCLUSIVE MODE;
     SELECT * INTO cur FROM inbox_key_generations WHERE closed_at IS NULL;
     IF clock_timestamp() < cur.opened_at + dedupe_window / 7 THEN
@@ -193,7 +194,7 @@ DROP FUNCTION inbox_grant_roles();
 ALTER FUNCTION inbox_grant_roles_00022() RENAME TO inbox_grant_roles;
 DROP VIEW inbox_key_ledger;
 DROP FUNCTION inbox_keys_since();
-DROP FUNCTION inbox_keys_rotate(interval);
+DROP FUNCTION inbox_keys_rotate(interval, interval);
 DROP TRIGGER inbox_keys_remember ON inbox;
 DROP FUNCTION inbox_keys_remember();
 DROP TABLE inbox_keys;

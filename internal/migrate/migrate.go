@@ -34,6 +34,9 @@ type Options struct {
 	// LockTimeout bounds every lock wait of the migration session. Defaults
 	// to LockTimeoutDefault.
 	LockTimeout time.Duration
+	// UpTo, when set, is the last version applied: the schema as an older
+	// inboxd left it (tests of a migration from it).
+	UpTo int64
 }
 
 // Up applies every pending migration to the schema that connConfig's
@@ -87,7 +90,12 @@ func UpWithOptions(ctx context.Context, connConfig *pgx.ConnConfig, logger *slog
 	if err != nil {
 		return 0, fmt.Errorf("create migration provider: %w", err)
 	}
-	results, err := provider.Up(ctx)
+	var results []*goose.MigrationResult
+	if opts.UpTo > 0 {
+		results, err = provider.UpTo(ctx, opts.UpTo)
+	} else {
+		results, err = provider.Up(ctx)
+	}
 	for _, r := range results {
 		if r.Error != nil {
 			continue

@@ -206,6 +206,14 @@ type DB struct {
 // the test ends.
 func NewDB(tb testing.TB) *DB {
 	tb.Helper()
+	return NewDBAt(tb, 0)
+}
+
+// NewDBAt is NewDB with the migrations applied up to version only (all of
+// them when it is 0): the schema as an older inboxd left it. MigrateUp
+// applies the rest.
+func NewDBAt(tb testing.TB, version int64) *DB {
+	tb.Helper()
 	s := getServers(tb)
 	ctx := context.WithoutCancel(tb.Context())
 	schema := uniqueName()
@@ -218,13 +226,23 @@ func NewDB(tb testing.TB) *DB {
 	require.NoError(tb, err)
 	// Other tests' long transactions in the database hold up a concurrent
 	// index build (it waits for every older transaction).
-	_, err = migrate.UpWithOptions(ctx, connConfig, discardLogger(), migrate.Options{LockTimeout: 5 * time.Minute})
+	_, err = migrate.UpWithOptions(ctx, connConfig, discardLogger(), migrate.Options{LockTimeout: 5 * time.Minute, UpTo: version})
 	require.NoError(tb, err)
 
 	pool, err := pgxpool.New(ctx, dbURL)
 	require.NoError(tb, err)
 	tb.Cleanup(pool.Close)
 	return &DB{Schema: schema, URL: dbURL, Pool: pool}
+}
+
+// MigrateUp applies the migrations not applied yet, as inboxd migrate
+// does.
+func (db *DB) MigrateUp(tb testing.TB) {
+	tb.Helper()
+	connConfig, err := pgx.ParseConfig(db.URL)
+	require.NoError(tb, err)
+	_, err = migrate.UpWithOptions(context.WithoutCancel(tb.Context()), connConfig, discardLogger(), migrate.Options{LockTimeout: 5 * time.Minute})
+	require.NoError(tb, err)
 }
 
 // Strings runs query and returns its rows' single text column.

@@ -1,0 +1,264 @@
+package janitor_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/orderconfirm/inboxd/internal/dbsqlc"
+	"github.com/orderconfirm/inboxd/internal/janitor"
+	"github.com/orderconfirm/inboxd/internal/testenv"
+	"github.com/orderconfirm/inboxd/internal/testfactory"
+)
+
+// ageLedger moves the key ledger's times d into the past, as if d had
+// passed since each generation opened and closed.
+func ageLedger(t *testing.T, pool *pgxpool.Pool, d time.Duration) {
+	t.Helper()
+	exec(t, pool, `UPDATE inbox_key_generations
+		SET opened_at = opened_at - make_interval(secs => $1), closed_at = closed_at - make_interval(secs => $1)`,
+		d.Seconds())
+}
+
+// store stores messages with the ids as ingest does, and returns the ids
+// it inserted (the others were duplicates).
+func store(t *testing.T, db dbsqlc.DBTX, ids ...string) []string {
+	t.Helper()
+	inserted, err := storeOrFail(context.WithoutCancel(t.Context()), db, ids...)
+	require.NoError(t, err)
+	return inserted
+}
+
+func storeOrFail(ctx context.Context, db dbsqlc.DBTX, ids ...string) ([]string, error) {
+	p := dbsqlc.InboxInsertManyParams{}
+	for _, id := range ids {
+		p.MessageIds = append(p.MessageIds, id)
+		p.MessageTypes = append(p.MessageTypes, "order.created")
+		p.RoutingKeys = append(p.RoutingKeys, "order.created")
+		p.Payloads = append(p.Payloads, []byte(`{"orderId":"`+id+`"}`))
+		p.OrderKeys = append(p.OrderKeys, id)
+	}
+	return dbsqlc.New().InboxInsertMany(ctx, db, p)
+}
+
+func remembered(t *testing.T, db *testenv.DB, id string) bool {
+	t.Helper()
+	return db.Int(t, "SELECT count(*) FROM inbox_keys WHERE message_id = $1", id) == 1
+}
+
+// An id whose row has left the inbox (past INBOX_RETENTION) is still a
+// duplicate within the dedupe window: the key ledger remembers it.
+func TestAnIdIsADuplicateAfterItsRowLeft(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	const window = 84 * time.Hour
+	ageLedger(t, db.Pool, window+time.Hour) // the ledger has covered a window
+
+	require.Equal(t, []string{"m-1"}, store(t, db.Pool, "m-1"))
+	exec(t, db.Pool, "UPDATE inbox SET status = 'processed', processed_at = now() - interval '48 hours'")
+	res, err := newJanitor(t, db.Pool, janitor.Config{Retention: 24 * time.Hour, DeadRetention: 24 * time.Hour, DedupeWindow: window}).RunOnce(t.Context())
+	require.NoError(t, err)
+	require.EqualValues(t, 1, res[janitor.RowsProcessed], "the row left after INBOX_RETENTION")
+	require.Zero(t, db.Int(t, "SELECT count(*) FROM inbox"))
+
+	require.Empty(t, store(t, db.Pool, "m-1"), "the redelivery within the window is a duplicate")
+	require.Zero(t, db.Int(t, "SELECT count(*) FROM inbox"))
+	require.Equal(t, []string{"m-2"}, store(t, db.Pool, "m-2"), "another id is stored")
+}
+
+// Until the ledger has covered a whole window, the rows stored before it
+// started are the only record of their ids: they stay for the window,
+// whatever INBOX_RETENTION says.
+func TestRowsStayForTheWindowUntilTheLedgerCoversIt(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	const window = 84 * time.Hour
+	seedMessage(t, db.Pool, "before-the-ledger", "processed", 48*time.Hour)
+	exec(t, db.Pool, "TRUNCATE inbox_keys") // stored before the ledger started
+	j := newJanitor(t, db.Pool, janitor.Config{Retention: 24 * time.Hour, DeadRetention: 24 * time.Hour, DedupeWindow: window})
+
+	res, err := j.RunOnce(t.Context())
+	require.NoError(t, err)
+	require.Zero(t, res[janitor.RowsProcessed], "kept: the ledger started less than a window ago")
+	require.Empty(t, store(t, db.Pool, "before-the-ledger"), "its row still makes a redelivery a duplicate")
+
+	ageLedger(t, db.Pool, window)
+	res, err = j.RunOnce(t.Context())
+	require.NoError(t, err)
+	require.EqualValues(t, 1, res[janitor.RowsProcessed], "deleted once the ledger has covered the window")
+}
+
+// A key is remembered for at least the window after it was stored, and at
+// most a seventh longer, through the generations' rotations: hour by hour
+// over 100 hours of a 70-hour window.
+func TestAKeyIsRememberedForTheWindowAcrossRotations(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	const window, step = 70 * time.Hour, time.Hour
+	q := dbsqlc.New()
+	storedAt := map[string]time.Duration{}
+	forgottenAt := map[string]time.Duration{}
+	rotations := 0
+	for elapsed := time.Duration(0); elapsed <= 100*time.Hour; elapsed += step {
+		// Keys stored at the start of the first generation, at its end, and
+		// mid-way through a later one.
+		for id, at := range map[string]time.Duration{"k-first": 0, "k-end-of-first": 9 * time.Hour, "k-later": 33 * time.Hour} {
+			if at == elapsed {
+				require.Equal(t, []string{id}, store(t, db.Pool, id))
+				storedAt[id] = elapsed
+			}
+		}
+		generation, err := q.JanitorRotateKeys(t.Context(), db.Pool, window.Seconds())
+		require.NoError(t, err)
+		if generation > 0 {
+			rotations++
+		}
+		for id, at := range storedAt {
+			if _, gone := forgottenAt[id]; gone {
+				continue
+			}
+			if !remembered(t, db, id) {
+				forgottenAt[id] = elapsed
+				require.GreaterOrEqual(t, elapsed-at, window, "%s forgotten %s after it was stored, within the window", id, elapsed-at)
+				continue
+			}
+			require.Empty(t, store(t, db.Pool, id), "%s stored again %s after it was first", id, elapsed-at)
+			require.LessOrEqual(t, elapsed-at, window+window/7, "%s still remembered %s after it was stored", id, elapsed-at)
+		}
+		ageLedger(t, db.Pool, step)
+	}
+	require.Len(t, forgottenAt, 2, "the keys of the first generation left; k-later is remembered still")
+	require.Equal(t, 10, rotations, "a generation lasts a seventh of the window: 100 hours hold ten")
+	require.Equal(t, 8, db.Int(t, "SELECT count(*) FROM inbox_key_ledger"), "the view shows the eight generations held")
+}
+
+// The rotation's guard: a generation closes only once every transaction
+// writing keys into it has ended, so its keys are all committed by the time
+// it closed, from which the window is counted. The writer here inserts
+// into the inbox directly, as an older inboxd or an operator does, so no
+// ingest statement's read of the ledger orders it with the rotation. A
+// second delivery of the same id, stored by ingest while the rotation
+// waits, is a duplicate: one row, one key.
+func TestARotationWaitsForTheKeysBeingWritten(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	ctx := t.Context()
+	const window = 70 * time.Hour
+	ageLedger(t, db.Pool, window/7+time.Minute) // a rotation is due
+
+	writer := db.Session(t)
+	tx, err := writer.Begin(ctx)
+	require.NoError(t, err)
+	testfactory.InboxRow(ctx, t, tx, &testfactory.InboxRowOpts{MessageID: "at-the-boundary"})
+
+	rotated := make(chan error, 1)
+	go func() {
+		_, err := db.Pool.Exec(ctx, "SELECT inbox_keys_rotate(make_interval(secs => $1), interval '30 seconds')", window.Seconds())
+		rotated <- err
+	}()
+	require.Eventually(t, func() bool {
+		var waiting bool
+		err := db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%inbox_keys_rotate%')`).Scan(&waiting)
+		return err == nil && waiting
+	}, 10*time.Second, 10*time.Millisecond, "the rotation waits for the writer")
+
+	// Another delivery of the id, stored by ingest meanwhile.
+	type result struct {
+		inserted []string
+		err      error
+	}
+	second := make(chan result, 1)
+	go func() {
+		inserted, err := storeOrFail(ctx, db.Pool, "at-the-boundary")
+		second <- result{inserted, err}
+	}()
+
+	var committing time.Time
+	require.NoError(t, tx.QueryRow(ctx, "SELECT clock_timestamp()").Scan(&committing))
+	require.NoError(t, tx.Commit(ctx))
+	require.NoError(t, <-rotated)
+	got := <-second
+	require.NoError(t, got.err)
+	require.Empty(t, got.inserted, "the second delivery is a duplicate")
+
+	var closedAt time.Time
+	require.NoError(t, db.Pool.QueryRow(ctx, "SELECT closed_at FROM inbox_key_generations WHERE generation = 1").Scan(&closedAt))
+	require.True(t, closedAt.After(committing), "generation 1 closed at %s, before its last key committed at %s", closedAt, committing)
+	require.Equal(t, 1, db.Int(t, "SELECT count(*) FROM inbox WHERE message_id = 'at-the-boundary'"))
+	require.Equal(t, 1, db.Int(t, "SELECT count(*) FROM inbox_keys WHERE message_id = 'at-the-boundary' AND slot = 0"))
+}
+
+// A rotation that cannot have its locks in time fails, and leaves the
+// generation open, rather than hold up ingest.
+func TestARotationGivesUpOnABusyLedger(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	ctx := t.Context()
+	ageLedger(t, db.Pool, 11*time.Hour)
+	reader := db.Session(t)
+	tx, err := reader.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, "SELECT count(*) FROM inbox_keys") // an operator's query, left open
+	require.NoError(t, err)
+
+	_, err = dbsqlc.New().JanitorRotateKeys(ctx, db.Pool, (70 * time.Hour).Seconds())
+	var pgErr *pgconn.PgError
+	require.True(t, errors.As(err, &pgErr), "%v", err)
+	require.Equal(t, "55P03", pgErr.Code, "lock_not_available")
+	require.NoError(t, tx.Rollback(ctx))
+	require.Equal(t, 1, db.Int(t, "SELECT count(*) FROM inbox_key_generations"))
+
+	generation, err := dbsqlc.New().JanitorRotateKeys(ctx, db.Pool, (70 * time.Hour).Seconds())
+	require.NoError(t, err)
+	require.EqualValues(t, 2, generation)
+}
+
+// Migrating a schema with rows in every state to the key ledger loses
+// nothing and copies nothing: the ledger starts empty, the ids stored
+// before it stay duplicates through their rows' unique index, those rows
+// stay for a whole window whatever the retention, and an operator's replay
+// of an old row works as before.
+func TestTheLedgerMigratesOnline(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDBAt(t, 24)
+	ctx := t.Context()
+	hoursAgo := func(h int) *time.Time { v := time.Now().Add(-time.Duration(h) * time.Hour); return &v }
+	for _, row := range []testfactory.InboxRowOpts{
+		{MessageID: "old-pending", OrderKey: "o-1"},
+		{MessageID: "old-retrying", Attempts: 2, LastError: "boom", NextAttemptAt: hoursAgo(-1), OrderKey: "o-2"},
+		{MessageID: "old-claimed", Attempts: 1, ClaimedAt: hoursAgo(0), ClaimedBy: "old/1", ClaimedBuild: "b0", OrderKey: "o-3"},
+		{MessageID: "old-processed", Status: "processed", Attempts: 1, ReceivedAt: hoursAgo(48), ProcessedAt: hoursAgo(48)},
+		{MessageID: "old-replayed", Status: "processed", Attempts: 1, ReceivedAt: hoursAgo(48), ProcessedAt: hoursAgo(48)},
+		{MessageID: "old-dead", Status: "dead", Attempts: 10, LastError: "bad", ReceivedAt: hoursAgo(48), ProcessedAt: hoursAgo(48)},
+	} {
+		testfactory.InboxRow(ctx, t, db.Pool, &row)
+	}
+
+	db.MigrateUp(t)
+	require.Equal(t, 6, db.Int(t, "SELECT count(*) FROM inbox"), "nothing lost")
+	require.Zero(t, db.Int(t, "SELECT count(*) FROM inbox_keys"), "nothing copied")
+
+	require.Equal(t, []string{"new-1"}, store(t, db.Pool,
+		"old-pending", "old-retrying", "old-claimed", "old-processed", "old-replayed", "old-dead", "new-1"),
+		"the old ids are duplicates, the new one is stored")
+	require.True(t, remembered(t, db, "new-1"))
+	require.Empty(t, store(t, db.Pool, "new-1"))
+
+	exec(t, db.Pool, "UPDATE inbox SET replay_requested = true, replay_reason = 'test' WHERE message_id IN ('old-replayed', 'old-dead')")
+	require.Equal(t, []string{"old-claimed", "old-dead", "old-pending", "old-replayed", "old-retrying"},
+		db.Strings(t, "SELECT message_id FROM inbox WHERE message_id LIKE 'old-%' AND status = 'pending' AND replay_count = CASE WHEN message_id IN ('old-replayed', 'old-dead') THEN 1 ELSE 0 END ORDER BY message_id"))
+
+	// A retention shorter than the window: the old processed row stays
+	// until the ledger has covered a window.
+	j := newJanitor(t, db.Pool, janitor.Config{Retention: 24 * time.Hour, DeadRetention: 24 * time.Hour, DedupeWindow: 84 * time.Hour})
+	res, err := j.RunOnce(ctx)
+	require.NoError(t, err)
+	require.Zero(t, res[janitor.RowsProcessed])
+	require.Empty(t, store(t, db.Pool, "old-processed"))
+}
