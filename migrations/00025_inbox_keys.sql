@@ -154,6 +154,65 @@ FROM inbox_key_generations g
 WHERE g.generation > (SELECT max(generation) FROM inbox_key_generations) - 8
 ORDER BY g.generation DESC;
 
+-- inbox_reply_forgotten answers the requests of request_ids for a message
+-- whose row has left (past INBOX_RETENTION) while the ledger remembers its
+-- id: the copy is a duplicate, so nothing runs again, and the result is no
+-- longer kept. The reply says so, as run 0 (its id 'reply:<request id>:0'),
+-- rather than leave the requester waiting for an answer that will not come.
+-- +goose StatementBegin
+CREATE FUNCTION inbox_reply_forgotten(request_ids bigint[]) RETURNS integer
+LANGUAGE plpgsql
+SET plan_cache_mode = force_custom_plan
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    queued integer;
+BEGIN
+    WITH due AS (
+        SELECT r.id, r.message_id, r.reply_to, coalesce(r.correlation_id, r.message_id) AS correlation_id
+        FROM inbox_reply_requests r
+        WHERE r.id = ANY(request_ids)
+          AND r.answered_run IS NULL
+          AND NOT EXISTS (SELECT 1 FROM inbox i WHERE i.message_id = r.message_id)
+          AND EXISTS (SELECT 1 FROM inbox_keys k WHERE k.message_id = r.message_id)
+        ORDER BY r.id
+        FOR UPDATE OF r SKIP LOCKED
+    ), answered AS (
+        UPDATE inbox_reply_requests r
+        SET answered_run = 0, answered_at = statement_timestamp()
+        FROM due
+        WHERE r.id = due.id
+    )
+    INSERT INTO outbox (idempotency_key, routing_key, payload, message_id, reply_to, correlation_id)
+    SELECT 'reply:' || due.id || ':0', 'reply',
+           jsonb_build_object('messageId', due.message_id, 'status', 'unknown', 'run', 0, 'outcome', 'forgotten',
+                              'error', 'the message was stored before and has ended; its result is no longer kept (INBOX_RETENTION)'),
+           due.message_id, due.reply_to, due.correlation_id
+    FROM due
+    ORDER BY due.id
+    ON CONFLICT (idempotency_key) DO NOTHING;
+    GET DIAGNOSTICS queued = ROW_COUNT;
+    RETURN queued;
+END;
+$$;
+-- +goose StatementEnd
+
+-- A request is answered in the statement that stores it when its message
+-- was handled already, or has left and is remembered.
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION inbox_reply_requests_answer() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    -- A statement trigger runs for every ingest batch, requests or not.
+    IF EXISTS (SELECT 1 FROM new_rows) THEN
+        PERFORM inbox_reply_answer(array(SELECT id FROM new_rows));
+        PERFORM inbox_reply_forgotten(array(SELECT id FROM new_rows));
+    END IF;
+    RETURN NULL;
+END;
+$$;
+-- +goose StatementEnd
+
 -- The grants of migration 00022 stay as they were, under another name.
 -- +goose StatementBegin
 DO $$ BEGIN ALTER FUNCTION inbox_grant_roles() RENAME TO inbox_grant_roles_00022; END $$;
@@ -192,6 +251,19 @@ SELECT inbox_grant_roles();
 -- +goose Down
 DROP FUNCTION inbox_grant_roles();
 ALTER FUNCTION inbox_grant_roles_00022() RENAME TO inbox_grant_roles;
+-- +goose StatementBegin
+CREATE OR REPLACE FUNCTION inbox_reply_requests_answer() RETURNS trigger
+LANGUAGE plpgsql AS $$
+BEGIN
+    -- A statement trigger runs for every ingest batch, requests or not.
+    IF EXISTS (SELECT 1 FROM new_rows) THEN
+        PERFORM inbox_reply_answer(array(SELECT id FROM new_rows));
+    END IF;
+    RETURN NULL;
+END;
+$$;
+-- +goose StatementEnd
+DROP FUNCTION inbox_reply_forgotten(bigint[]);
 DROP VIEW inbox_key_ledger;
 DROP FUNCTION inbox_keys_since();
 DROP FUNCTION inbox_keys_rotate(interval, interval);

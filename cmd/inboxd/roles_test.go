@@ -100,6 +100,7 @@ func TestServeAsTheServiceRole(t *testing.T) {
 	require.Equal(t, len(w.OrderIDs)+6, b.count(t, "SELECT count(*) FROM order_confirmations"), "the domain's rows stay")
 	require.Positive(t, b.count(t, "SELECT inbox_claim_floor()"), "the service raised the inbox's claim floor")
 	require.Positive(t, b.count(t, "SELECT outbox_claim_floor()"), "the service raised the outbox's claim floor")
+	require.Greater(t, b.count(t, "SELECT max(generation) FROM inbox_key_generations"), 8, "the service's janitor rotated the key ledger round its slots")
 
 	conn, err := pgx.Connect(t.Context(), serviceURL)
 	require.NoError(t, err)
@@ -113,6 +114,9 @@ func TestServeAsTheServiceRole(t *testing.T) {
 		"DROP VIEW inbox_overview",
 		"ALTER TABLE inbox DISABLE TRIGGER inbox_replay_update",
 		"DELETE FROM goose_db_version",
+		"DELETE FROM inbox_keys",
+		"TRUNCATE inbox_keys",
+		"UPDATE inbox_keys SET message_id = 'sneaky'",
 		// Rights inboxd does not use.
 		"DELETE FROM order_confirmations",
 		"DELETE FROM stock",

@@ -71,6 +71,36 @@ func TestAnIdIsADuplicateAfterItsRowLeft(t *testing.T) {
 	require.Equal(t, []string{"m-2"}, store(t, db.Pool, "m-2"), "another id is stored")
 }
 
+// A copy that asks for a reply after its message's row has left gets one
+// saying the result is no longer kept, and runs nothing again.
+func TestACopyOfAForgottenMessageIsAnsweredSo(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	ctx := t.Context()
+	ageLedger(t, db.Pool, 85*time.Hour)
+	require.Equal(t, []string{"m-1"}, store(t, db.Pool, "m-1"))
+	exec(t, db.Pool, "UPDATE inbox SET status = 'processed', processed_at = now() - interval '48 hours'")
+	_, err := newJanitor(t, db.Pool, janitor.Config{Retention: 24 * time.Hour, DeadRetention: 24 * time.Hour}).RunOnce(ctx)
+	require.NoError(t, err)
+	require.Zero(t, db.Int(t, "SELECT count(*) FROM inbox"))
+
+	inserted, err := dbsqlc.New().InboxInsertMany(ctx, db.Pool, dbsqlc.InboxInsertManyParams{
+		MessageIds: []string{"m-1"}, MessageTypes: []string{"order.created"}, RoutingKeys: []string{"order.created"},
+		Payloads: [][]byte{[]byte(`{"orderId":"m-1"}`)}, OrderKeys: []string{"m-1"},
+		ReplyTos: []string{"q-1"}, CorrelationIds: []string{"c-1"}, Redelivered: []bool{false},
+	})
+	require.NoError(t, err)
+	require.Empty(t, inserted)
+	var key, replyTo, correlationID, outcome, status string
+	require.NoError(t, db.Pool.QueryRow(ctx, `
+		SELECT idempotency_key, reply_to, correlation_id, payload->>'outcome', payload->>'status' FROM outbox`).
+		Scan(&key, &replyTo, &correlationID, &outcome, &status))
+	require.Regexp(t, `^reply:\d+:0$`, key)
+	require.Equal(t, []string{"q-1", "c-1", "forgotten", "unknown"}, []string{replyTo, correlationID, outcome, status})
+	require.Equal(t, []string{"sending"}, db.Strings(t, "SELECT state FROM inbox_replies"))
+	require.Zero(t, db.Int(t, "SELECT count(*) FROM inbox"), "nothing runs again")
+}
+
 // Until the ledger has covered a whole window, the rows stored before it
 // started are the only record of their ids: they stay for the window,
 // whatever INBOX_RETENTION says.
