@@ -66,6 +66,9 @@ type options struct {
 	partitionRuns  string
 	snapshotRate   float64
 	snapshotHold   time.Duration
+	windowRate     float64
+	windowDuration time.Duration
+	windowKeys     int
 	preload        bool
 	skus           int
 	serviceEnv     string
@@ -96,6 +99,7 @@ var scenarios = []struct {
 	{"reply", benchReply},
 	{"partitions", benchPartitions},
 	{"snapshot", benchSnapshot},
+	{"window", benchWindow},
 }
 
 // run parses args, runs the scenarios chosen, and prints the report to
@@ -149,11 +153,14 @@ func parseFlags(args []string) (*options, error) {
 	fs.BoolVar(&o.keep, "keep", false, "keep the schemas and virtual hosts afterwards")
 	fs.Float64Var(&o.snapshotRate, "snapshot-rate", 500, "snapshot: orders per second")
 	fs.DurationVar(&o.snapshotHold, "snapshot-hold", time.Minute, "snapshot: how long the clean phase, then the held snapshot, last")
+	fs.Float64Var(&o.windowRate, "window-rate", 1000, "window: orders per second")
+	fs.DurationVar(&o.windowDuration, "window-duration", time.Minute, "window: how long each phase, on an empty then on a loaded ledger, publishes")
+	fs.IntVar(&o.windowKeys, "window-keys", 100_000_000, "window: keys loaded into the ledger between the phases")
 	fs.StringVar(&o.partitionRuns, "partition-runs", "1x1,6x1,1x2,6x2", "the partitions scenario's runs, comma-separated PARTITIONSxREPLICAS")
 	fs.IntVar(&o.skus, "skus", 1000, "distinct SKUs the orders draw from (each stocked so that no order is rejected)")
 	fs.BoolVar(&o.preload, "preload", false, "domain: publish everything before starting inboxd, and time how fast it drains the queue")
 	fs.StringVar(&o.serviceEnv, "env", "", "extra environment for inboxd, comma-separated KEY=VALUE pairs")
-	fs.StringVar(&only, "only", "", "comma-separated scenarios to run: core, passthrough, split, domain, domainruler, steady, claim, probes, flood, reply, partitions, snapshot (default: all)")
+	fs.StringVar(&only, "only", "", "comma-separated scenarios to run: core, passthrough, split, domain, domainruler, steady, claim, probes, flood, reply, partitions, snapshot, window (default: all)")
 	fs.Float64Var(&o.steadyRate, "steady-rate", 1000, "steady: messages per second")
 	fs.DurationVar(&o.steadyDuration, "steady-duration", 5*time.Minute, "steady: how long to publish")
 	fs.DurationVar(&o.replyDuration, "reply-duration", time.Minute, "reply: how long to publish requests, at -steady-rate")

@@ -1,0 +1,152 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/orderconfirm/inboxd/internal/loadgen"
+)
+
+// benchWindow measures what the dedupe window costs (issue 23): the bytes
+// an order takes while its rows are kept and the bytes its key takes in the
+// ledger for the rest of the window, the WAL an order writes, and whether a
+// full ledger slows the flow. One inboxd with the orders handler is fed at
+// -window-rate for -window-duration on an empty ledger; then -window-keys
+// keys (36-character UUIDs, as many producers use) are loaded into the
+// ledger's other seven slots with SQL, vacuumed and frozen as autovacuum
+// would leave them, a checkpoint taken; then the flow runs as long again.
+func benchWindow(ctx context.Context, o *options, r *report) error {
+	e, err := newEnv(ctx, o, "window")
+	if err != nil {
+		return err
+	}
+	defer e.close()
+	svc, _, err := e.serve(ctx, o)
+	if err != nil {
+		return err
+	}
+	defer svc.stop()
+	perPhase := int(o.windowRate * o.windowDuration.Seconds())
+	w := loadgen.Generate(loadgen.Spec{Orders: 2 * perPhase, Seed: 5, Prefix: e.name, SKUs: o.skus})
+
+	phase := func(name string, msgs []loadgen.Message, processedBefore int) error {
+		walBefore, err := walPosition(ctx, e)
+		if err != nil {
+			return err
+		}
+		sent, err := publishPaced(ctx, e.amqpURL, msgs, o.windowRate)
+		if err != nil {
+			return err
+		}
+		if _, err := waitCount(ctx, e.pool, countProcessed, processedBefore+len(msgs), lastProcessed); err != nil {
+			return err
+		}
+		// Each order publishes order.confirmed and email.requested.
+		if _, err := waitCount(ctx, e.pool, countPublished, 2*(processedBefore+len(msgs)), lastPublished); err != nil {
+			return err
+		}
+		walAfter, err := walPosition(ctx, e)
+		if err != nil {
+			return err
+		}
+		l, err := readLatencies(ctx, e.pool, sent)
+		if err != nil {
+			return err
+		}
+		var total []time.Duration
+		for id := range sent {
+			total = append(total, l.totalOf[id])
+		}
+		var keys int64
+		if err := e.pool.QueryRow(ctx, "SELECT count(*) FROM inbox_keys").Scan(&keys); err != nil {
+			return err
+		}
+		r.add("window: "+name, "publish to processed p50 %s, p99 %s, max %s; %.0f bytes of WAL per order, its events published included (%d orders at %.0f/s, %d keys in the ledger at the end)",
+			quantile(total, 0.50), quantile(total, 0.99), quantile(total, 1), float64(walAfter-walBefore)/float64(len(msgs)),
+			len(msgs), o.windowRate, keys)
+		return nil
+	}
+	if err := phase("empty ledger", w.Messages[:perPhase], 0); err != nil {
+		return err
+	}
+	kept, err := reportBytes(ctx, e, r, perPhase)
+	if err != nil {
+		return err
+	}
+
+	loadStarted := time.Now()
+	const chunk = 1_000_000
+	for done := 0; done < o.windowKeys; done += chunk {
+		n := min(chunk, o.windowKeys-done)
+		if _, err := e.pool.Exec(ctx, `INSERT INTO inbox_keys (slot, message_id)
+			SELECT 1 + (g % 7), gen_random_uuid()::text FROM generate_series(1, $1::int) g`, n); err != nil {
+			return fmt.Errorf("load keys: %w", err)
+		}
+	}
+	loaded := time.Since(loadStarted)
+	for s := 1; s <= 7; s++ {
+		if _, err := e.pool.Exec(ctx, fmt.Sprintf("VACUUM (FREEZE, ANALYZE) inbox_keys_%d", s)); err != nil {
+			return err
+		}
+	}
+	if _, err := e.pool.Exec(ctx, "CHECKPOINT"); err != nil {
+		return err
+	}
+	var ledgerBytes int64
+	if err := e.pool.QueryRow(ctx, `SELECT sum(pg_total_relation_size(format('inbox_keys_%s', s)::regclass))::bigint
+		FROM generate_series(1, 7) s`).Scan(&ledgerBytes); err != nil {
+		return err
+	}
+	perKey := float64(ledgerBytes) / float64(max(o.windowKeys, 1))
+	r.add("window: ledger loaded", "%d keys of 36 bytes in %s (vacuumed, frozen and checkpointed in %s more): %.1f bytes per key, heap and index",
+		o.windowKeys, loaded.Round(time.Second), (time.Since(loadStarted) - loaded).Round(time.Second), perKey)
+	const day = 86_400_000 // orders a day at 1,000 a second
+	r.add("window: at 1,000 orders/s", "rows kept for INBOX_RETENTION %.0f bytes an order, a key %.0f bytes: "+
+		"the seed's day %.0f GB (rows and keys), a 7-day window of keys with a day of rows %.0f GB, order tables not counted",
+		kept, perKey, (kept+perKey)*day/1e9, (kept*day+perKey*7*day)/1e9)
+	return phase("full ledger", w.Messages[perPhase:], perPhase)
+}
+
+// walPosition is the server's WAL insert position, in bytes.
+func walPosition(ctx context.Context, e *benchEnv) (int64, error) {
+	var at int64
+	err := e.pool.QueryRow(ctx, "SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint").Scan(&at)
+	return at, err
+}
+
+// reportBytes adds the bytes per order of each table (heap, indexes and
+// TOAST) once orders have been processed and their events published, and
+// returns the bytes per order of the rows kept for INBOX_RETENTION.
+func reportBytes(ctx context.Context, e *benchEnv, r *report, orders int) (float64, error) {
+	rows, err := e.pool.Query(ctx, `
+		SELECT CASE WHEN c.relname LIKE 'inbox_keys_%' THEN 'inbox_keys' ELSE c.relname END AS tbl,
+		       sum(pg_total_relation_size(c.oid))::bigint
+		FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+		WHERE n.nspname = current_schema() AND c.relkind = 'r'
+		  AND (c.relname IN ('inbox', 'inbox_attempts', 'inbox_reply_requests', 'inbox_conflicts', 'outbox',
+		                     'order_confirmations', 'stock_reservations')
+		       OR c.relname LIKE 'inbox\_keys\_%')
+		GROUP BY 1 ORDER BY 2 DESC`)
+	if err != nil {
+		return 0, err
+	}
+	sizes := map[string]int64{}
+	var parts []string
+	for rows.Next() {
+		var name string
+		var size int64
+		if err := rows.Scan(&name, &size); err != nil {
+			return 0, err
+		}
+		sizes[name] = size
+		parts = append(parts, fmt.Sprintf("%s %.0f", name, float64(size)/float64(orders)))
+	}
+	if err := rows.Err(); err != nil {
+		return 0, err
+	}
+	r.add("window: bytes per order", "%s (%d orders processed, events published)", strings.Join(parts, ", "), orders)
+	kept := sizes["inbox"] + sizes["inbox_attempts"] + sizes["inbox_reply_requests"] + sizes["inbox_conflicts"] + sizes["outbox"]
+	return float64(kept) / float64(orders), nil
+}
