@@ -36,11 +36,15 @@ CREATE UNIQUE INDEX inbox_key_generations_current_idx ON inbox_key_generations (
 
 CREATE TABLE inbox_keys (
     slot       smallint NOT NULL,
-    message_id text     NOT NULL,
-    -- A partitioned table's keys include its partition key: message_id is
-    -- unique within a slot, and looked up in all of them.
-    CONSTRAINT inbox_keys_pkey PRIMARY KEY (message_id, slot)
+    message_id text     NOT NULL
 ) PARTITION BY LIST (slot);
+
+-- Ids are looked up by equality only, in every slot. A hash index holds a
+-- 4-byte hash code per key where a B-tree holds the id: 34 bytes a key
+-- against 78 for 36-byte ids, and the same for ids of any length. It
+-- cannot be unique, and need not be: the inbox's unique index admits each
+-- new id once, and with it its key.
+CREATE INDEX inbox_keys_message_id_idx ON inbox_keys USING hash (message_id);
 
 -- Rows are never updated: the first vacuum that finds a page all visible
 -- freezes it too, and none comes back to it for wraparound.
@@ -72,8 +76,7 @@ BEGIN
     PERFORM pg_advisory_xact_lock_shared(hashtext('inboxd key ledger'), hashtext(TG_RELID::text));
     INSERT INTO inbox_keys (slot, message_id)
     SELECT (SELECT slot FROM inbox_key_generations WHERE closed_at IS NULL), n.message_id
-    FROM new_rows n
-    ON CONFLICT DO NOTHING;
+    FROM new_rows n;
     RETURN NULL;
 END;
 $$;
