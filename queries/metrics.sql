@@ -11,7 +11,9 @@ SELECT
     (SELECT count(*) FROM outbox WHERE published_at IS NULL AND reply_to IS NULL)::bigint AS outbox_backlog,
     (SELECT count(*) FROM outbox WHERE published_at IS NULL AND dead_at IS NOT NULL AND reply_to IS NULL)::bigint AS outbox_dead,
     (SELECT count(*) FROM outbox WHERE published_at IS NULL AND dead_at IS NULL AND reply_to IS NOT NULL)::bigint AS replies_unpublished,
-    (SELECT count(*) FROM outbox WHERE published_at IS NULL AND dead_at IS NOT NULL AND reply_to IS NOT NULL)::bigint AS replies_undeliverable;
+    (SELECT count(*) FROM outbox WHERE published_at IS NULL AND dead_at IS NOT NULL AND reply_to IS NOT NULL)::bigint AS replies_undeliverable,
+    coalesce((SELECT extract(epoch FROM now() - g.opened_at)
+              FROM inbox_key_generations g WHERE g.closed_at IS NULL), 0)::float8 AS key_generation_seconds;
 
 -- name: MetricsTryGaugeLock :one
 -- MetricsTryGaugeLock tries to take, for the session, the advisory lock

@@ -126,6 +126,11 @@ func TestMetricsAndReadiness(t *testing.T) {
 	require.Positive(t, got["inbox_ingest_batch_size_count"])
 	require.Equal(t, 1.0, got[`inboxd_build_info{build="`+testBuild+`"}`], "the build is named")
 	require.Positive(t, got["inbox_handler_batch_seconds_count"])
+	// The key ledger's current generation opened when the schema was
+	// migrated, moments ago.
+	age, ok := got["inbox_key_generation_age_seconds"]
+	require.True(t, ok, "the key ledger's generation age is exported")
+	require.InDelta(t, 60, age, 60)
 
 	proxy.stop()
 	require.Eventually(t, func() bool {

@@ -19,7 +19,9 @@ SELECT
     (SELECT count(*) FROM outbox WHERE published_at IS NULL AND reply_to IS NULL)::bigint AS outbox_backlog,
     (SELECT count(*) FROM outbox WHERE published_at IS NULL AND dead_at IS NOT NULL AND reply_to IS NULL)::bigint AS outbox_dead,
     (SELECT count(*) FROM outbox WHERE published_at IS NULL AND dead_at IS NULL AND reply_to IS NOT NULL)::bigint AS replies_unpublished,
-    (SELECT count(*) FROM outbox WHERE published_at IS NULL AND dead_at IS NOT NULL AND reply_to IS NOT NULL)::bigint AS replies_undeliverable
+    (SELECT count(*) FROM outbox WHERE published_at IS NULL AND dead_at IS NOT NULL AND reply_to IS NOT NULL)::bigint AS replies_undeliverable,
+    coalesce((SELECT extract(epoch FROM now() - g.opened_at)
+              FROM inbox_key_generations g WHERE g.closed_at IS NULL), 0)::float8 AS key_generation_seconds
 `
 
 type MetricsGaugesRow struct {
@@ -30,6 +32,7 @@ type MetricsGaugesRow struct {
 	OutboxDead           int64
 	RepliesUnpublished   int64
 	RepliesUndeliverable int64
+	KeyGenerationSeconds float64
 }
 
 // Named after its caller, internal/metrics: its gauges read the inbox and the outbox together, and its lock is no table's.
@@ -46,6 +49,7 @@ func (q *Queries) MetricsGauges(ctx context.Context, db DBTX) (MetricsGaugesRow,
 		&i.OutboxDead,
 		&i.RepliesUnpublished,
 		&i.RepliesUndeliverable,
+		&i.KeyGenerationSeconds,
 	)
 	return i, err
 }

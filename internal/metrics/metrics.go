@@ -158,13 +158,14 @@ var (
 	outboxDeadDesc = prometheus.NewDesc("outbox_dead", "Events refused for good: not published, holding back their order's later rows, until replayed.", nil, nil)
 	repliesDesc    = prometheus.NewDesc("outbox_replies_unpublished", "Replies to requesters not yet published.", nil, nil)
 	undeliverDesc  = prometheus.NewDesc("outbox_replies_undeliverable", "Replies the broker returned after their attempts: their requester was gone.", nil, nil)
+	keyGenDesc     = prometheus.NewDesc("inbox_key_generation_age_seconds", "Age of the key ledger's current generation: a seventh of INBOX_DEDUPE_WINDOW at most while the janitors rotate it.", nil, nil)
 	upDesc         = prometheus.NewDesc("inbox_database_up", "Whether the last scrape could read the database.", nil, nil)
 	holderDesc     = prometheus.NewDesc("inbox_database_gauges_exporter",
 		"1 in the one process that exports the gauges read from the database (inbox_pending, inbox_dead, inbox_oldest_pending_age_seconds, outbox_backlog, outbox_dead, outbox_replies_unpublished, outbox_replies_undeliverable), 0 in the others.", nil, nil)
 )
 
 func (g *gauges) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{pendingDesc, deadDesc, oldestDesc, backlogDesc, outboxDeadDesc, repliesDesc, undeliverDesc, upDesc, holderDesc} {
+	for _, d := range []*prometheus.Desc{pendingDesc, deadDesc, oldestDesc, backlogDesc, outboxDeadDesc, repliesDesc, undeliverDesc, keyGenDesc, upDesc, holderDesc} {
 		ch <- d
 	}
 }
@@ -196,6 +197,7 @@ func (g *gauges) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(outboxDeadDesc, prometheus.GaugeValue, float64(row.OutboxDead))
 	ch <- prometheus.MustNewConstMetric(repliesDesc, prometheus.GaugeValue, float64(row.RepliesUnpublished))
 	ch <- prometheus.MustNewConstMetric(undeliverDesc, prometheus.GaugeValue, float64(row.RepliesUndeliverable))
+	ch <- prometheus.MustNewConstMetric(keyGenDesc, prometheus.GaugeValue, row.KeyGenerationSeconds)
 }
 
 // poolStats exports pgxpool's statistics of each pool, labelled by pool.
