@@ -13,11 +13,12 @@
 -- row DELETE, a dead row version or a vacuum pass, and a slot's rows are
 -- inserted once and never change, so vacuum freezes each page once.
 --
--- Ingest asks the ledger first (InboxInsertMany): a key found there is a
--- duplicate whether or not its inbox row is still kept. Two deliveries of
--- one new id stored at once still meet on inbox_message_id_key, which
--- waits for the first to commit; the ledger only answers for ids stored
--- earlier, which are committed.
+-- Every insert into the inbox asks the ledger first (inbox_keys_known),
+-- whoever makes it (ingest, an earlier inboxd, an operator): an id found
+-- there is a duplicate whether or not its inbox row is still kept. Two
+-- deliveries of one new id stored at once still meet on
+-- inbox_message_id_key, which waits for the first to commit; the ledger
+-- only answers for ids stored earlier, which are committed.
 
 -- One row per generation: which slot it wrote, and from when to when.
 -- Kept after their slot is reused, as a record (two rows a day with the
@@ -59,14 +60,37 @@ END;
 $$;
 -- +goose StatementEnd
 
-INSERT INTO inbox_key_generations (generation, slot, opened_at) VALUES (1, 0, now());
+-- inbox_keys_known skips a row whose id the ledger remembers: the insert
+-- goes on without it (INSERT ... RETURNING does not return it), as for a
+-- conflict on inbox_message_id_key. It reads every slot, so a rotation's
+-- TRUNCATE of the next one waits for the transactions that insert.
+-- +goose StatementBegin
+CREATE FUNCTION inbox_keys_known() RETURNS trigger
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+BEGIN
+    IF EXISTS (SELECT 1 FROM inbox_keys k WHERE k.message_id = NEW.message_id) THEN
+        RETURN NULL;
+    END IF;
+    RETURN NEW;
+END;
+$$;
+-- +goose StatementEnd
+
+CREATE TRIGGER inbox_keys_known
+BEFORE INSERT ON inbox
+FOR EACH ROW EXECUTE FUNCTION inbox_keys_known();
 
 -- inbox_keys_remember adds the ids of the rows an INSERT stored to the
--- current generation's slot, whoever inserted them (an older inboxd, an
--- operator). It first takes the shared "remembering" lock that
--- inbox_keys_rotate takes exclusively, so a rotation waits for the
+-- current generation's slot. It first takes the shared "remembering" lock
+-- that inbox_keys_rotate takes exclusively, so a rotation waits for the
 -- transactions writing the old slot to end before it opens the next, and
--- then reads the slot under a snapshot taken after the lock.
+-- then reads the slot under a snapshot taken after the lock (READ
+-- COMMITTED). A transaction of a stricter isolation level reads the slot
+-- under its own snapshot, which may predate a rotation: it locks the
+-- generation's row, which fails (could not serialize) if a rotation has
+-- closed it since, and else holds the next rotation until it ends.
 -- +goose StatementBegin
 CREATE FUNCTION inbox_keys_remember() RETURNS trigger
 LANGUAGE plpgsql
@@ -74,6 +98,9 @@ SET search_path FROM CURRENT
 AS $$
 BEGIN
     PERFORM pg_advisory_xact_lock_shared(hashtext('inboxd key ledger'), hashtext(TG_RELID::text));
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        PERFORM 1 FROM inbox_key_generations WHERE closed_at IS NULL FOR SHARE;
+    END IF;
     INSERT INTO inbox_keys (slot, message_id)
     SELECT (SELECT slot FROM inbox_key_generations WHERE closed_at IS NULL), n.message_id
     FROM new_rows n;
@@ -86,6 +113,10 @@ CREATE TRIGGER inbox_keys_remember
 AFTER INSERT ON inbox
 REFERENCING NEW TABLE AS new_rows
 FOR EACH STATEMENT EXECUTE FUNCTION inbox_keys_remember();
+
+-- The ledger starts once its triggers are in place: rows committed before
+-- are known by their rows only (inbox_keys_since).
+INSERT INTO inbox_key_generations (generation, slot, opened_at) VALUES (1, 0, clock_timestamp());
 
 -- inbox_keys_rotate opens the next generation when the current one has
 -- lasted a seventh of dedupe_window, and returns its number; else NULL.
@@ -102,7 +133,7 @@ FOR EACH STATEMENT EXECUTE FUNCTION inbox_keys_remember();
 -- time fails, to be tried again. Any number of callers may run it at
 -- once; one rotates.
 -- +goose StatementBegin
-CREATE FUNCTION inbox_keys_rotate(dedupe_window interval, lock_wait interval DEFAULT '500ms') RETURNS bigint
+CREATE FUNCTION inbox_keys_rotate(dedupe_window interval, lock_wait interval DEFAULT '100ms') RETURNS bigint
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
@@ -272,5 +303,7 @@ DROP FUNCTION inbox_keys_since();
 DROP FUNCTION inbox_keys_rotate(interval, interval);
 DROP TRIGGER inbox_keys_remember ON inbox;
 DROP FUNCTION inbox_keys_remember();
+DROP TRIGGER inbox_keys_known ON inbox;
+DROP FUNCTION inbox_keys_known();
 DROP TABLE inbox_keys;
 DROP TABLE inbox_key_generations;

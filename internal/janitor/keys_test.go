@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
@@ -68,7 +69,39 @@ func TestAnIdIsADuplicateAfterItsRowLeft(t *testing.T) {
 
 	require.Empty(t, store(t, db.Pool, "m-1"), "the redelivery within the window is a duplicate")
 	require.Zero(t, db.Int(t, "SELECT count(*) FROM inbox"))
+	// An earlier inboxd, rolled back to or still running, or an operator:
+	// an insert that does not ask the ledger itself.
+	require.Empty(t, db.Strings(t, `INSERT INTO inbox (message_id, message_type, payload) VALUES ('m-1', 'order.created', '{}')
+		ON CONFLICT (message_id) DO NOTHING RETURNING message_id`), "an insert of its own is a duplicate too")
+	require.Zero(t, db.Int(t, "SELECT count(*) FROM inbox"))
 	require.Equal(t, []string{"m-2"}, store(t, db.Pool, "m-2"), "another id is stored")
+}
+
+// A writer in REPEATABLE READ (or SERIALIZABLE) reads the current slot
+// under its own snapshot, which may predate a rotation: its keys would go
+// to a generation already closed, and be forgotten early. It fails, to be
+// tried again, rather than write them there.
+func TestAStricterWriterCannotWriteAClosedGeneration(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	ctx := t.Context()
+	ageLedger(t, db.Pool, 11*time.Hour)
+	writer := db.Session(t)
+	tx, err := writer.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	_, err = tx.Exec(ctx, "SELECT 1") // its snapshot
+	require.NoError(t, err)
+
+	generation, err := dbsqlc.New().JanitorRotateKeys(ctx, db.Pool, (70 * time.Hour).Seconds())
+	require.NoError(t, err)
+	require.EqualValues(t, 2, generation)
+
+	_, err = tx.Exec(ctx, "INSERT INTO inbox (message_id, message_type, payload) VALUES ('rr-1', 'order.created', '{}')")
+	var pgErr *pgconn.PgError
+	require.True(t, errors.As(err, &pgErr), "the insert fails: %v", err)
+	require.Equal(t, "40001", pgErr.Code, "serialization_failure")
+	require.Zero(t, db.Int(t, "SELECT count(*) FROM inbox_keys WHERE message_id = 'rr-1'"))
 }
 
 // A copy that asks for a reply after its message's row has left gets one
@@ -169,11 +202,12 @@ func TestAKeyIsRememberedForTheWindowAcrossRotations(t *testing.T) {
 
 // The rotation's guard: a generation closes only once every transaction
 // writing keys into it has ended, so its keys are all committed by the time
-// it closed, from which the window is counted. The writer here inserts
-// into the inbox directly, as an older inboxd or an operator does, so no
-// ingest statement's read of the ledger orders it with the rotation. A
-// second delivery of the same id, stored by ingest while the rotation
-// waits, is a duplicate: one row, one key.
+// it closed, from which the window is counted. It waits twice: for the
+// next slot, which every insert into the inbox has read (inbox_keys_known),
+// and for the remembering lock, which every writer of keys holds. The
+// writer here inserts into the inbox directly, as an older inboxd or an
+// operator does. A second delivery of the same id, stored by ingest while
+// the rotation waits, is a duplicate: one row, one key.
 func TestARotationWaitsForTheKeysBeingWritten(t *testing.T) {
 	t.Parallel()
 	db := testenv.NewDB(t)
