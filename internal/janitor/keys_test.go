@@ -3,6 +3,7 @@ package janitor_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -13,6 +14,7 @@ import (
 
 	"github.com/orderconfirm/inboxd/internal/dbsqlc"
 	"github.com/orderconfirm/inboxd/internal/janitor"
+	"github.com/orderconfirm/inboxd/internal/pipeline"
 	"github.com/orderconfirm/inboxd/internal/testenv"
 	"github.com/orderconfirm/inboxd/internal/testfactory"
 )
@@ -325,4 +327,34 @@ func TestTheLedgerMigratesOnline(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, res[janitor.RowsProcessed])
 	require.Empty(t, store(t, db.Pool, "old-processed"))
+}
+
+// Every insert into the inbox looks its id up in the ledger, in a plan
+// the session keeps. A session that stored while the ledger was empty must
+// still look up through the index once the ledger holds many keys.
+func TestTheLedgerIsReadThroughItsIndexOnceItHasGrown(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	ctx := t.Context()
+	conn := db.SessionWith(t, pipeline.ConfigureSession)
+	for i := range 10 {
+		require.Len(t, store(t, conn, fmt.Sprintf("early-%d", i)), 1)
+	}
+	exec(t, db.Pool, `INSERT INTO inbox_keys (slot, message_id)
+		SELECT g % 8, 'grown-' || g FROM generate_series(1, 30000) g`)
+
+	tx, err := conn.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	// The session's counts not yet reported to the statistics are in the
+	// view too: the store's are the difference.
+	scanned := func() int {
+		var n int
+		require.NoError(t, tx.QueryRow(ctx, `SELECT coalesce(sum(seq_tup_read), 0) FROM pg_stat_xact_user_tables
+			WHERE relname LIKE 'inbox\_keys\_%' AND schemaname = current_schema()`).Scan(&n))
+		return n
+	}
+	before := scanned()
+	require.Len(t, store(t, tx, "late-1", "late-2", "grown-7"), 2, "the remembered id is skipped")
+	require.Zero(t, scanned()-before, "keys read by scanning the slots")
 }
