@@ -2,10 +2,12 @@
 -- InboxInsertMany stores a batch of messages in arrival order, skipping every
 -- message whose message_id the key ledger (inbox_keys) remembers, or that is
 -- already in the inbox (or earlier in the batch), and returns the message
--- ids it inserted. The ledger, asked by a trigger (inbox_keys_known), knows
--- the ids stored within the dedupe window, also those whose rows left; the
--- unique index on message_id makes two deliveries of one new id stored at
--- once meet, and knows the ids stored before the ledger started. The ids it does not return were
+-- ids it inserted. The ledger knows the ids stored within the dedupe
+-- window, also those whose rows left; asked here for the whole batch, it
+-- tells the trigger that refuses remembered ids to other writers
+-- (inbox_keys_known) not to ask again. The unique index on message_id makes
+-- two deliveries of one new id stored at once meet, and knows the ids
+-- stored before the ledger started. The ids it does not return were
 -- duplicates. The rows take their ids in the order of the arrays: ingest
 -- passes them in the order the broker delivered them, and the workers
 -- handle each order's messages in id order. An empty traceparent or
@@ -42,6 +44,11 @@ INSERT INTO inbox (message_id, message_type, routing_key, payload, order_key, tr
 SELECT m.message_id, m.message_type, m.routing_key, m.payload, nullif(m.order_key, ''),
        nullif(m.traceparent, ''), nullif(m.tracestate, '')
 FROM m
+WHERE NOT EXISTS (SELECT 1 FROM inbox_keys k WHERE k.message_id = m.message_id)
+  -- Asked here for the batch: inbox_keys_known need not ask again for this
+  -- statement (named by its start; a later one in the same transaction is
+  -- asked again).
+  AND (SELECT set_config('inboxd.keys_checked', statement_timestamp()::text, true)) IS NOT NULL
 ORDER BY m.n
 ON CONFLICT (message_id) DO NOTHING
 RETURNING message_id;
