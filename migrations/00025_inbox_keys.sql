@@ -13,12 +13,13 @@
 -- row DELETE, a dead row version or a vacuum pass, and a slot's rows are
 -- inserted once and never change, so vacuum freezes each page once.
 --
--- Every insert into the inbox asks the ledger first (inbox_keys_known),
--- whoever makes it (ingest, an earlier inboxd, an operator): an id found
--- there is a duplicate whether or not its inbox row is still kept. Two
--- deliveries of one new id stored at once still meet on
--- inbox_message_id_key, which waits for the first to commit; the ledger
--- only answers for ids stored earlier, which are committed.
+-- Every insert into the inbox is checked against the ledger, whoever makes
+-- it: ingest asks for its batch and skips what it finds (InboxInsertMany);
+-- inbox_keys_known refuses a remembered id to anyone else (an earlier
+-- inboxd, an operator). An id found there is a duplicate whether or not
+-- its inbox row is still kept. Two deliveries of one new id stored at once
+-- still meet on inbox_message_id_key, which waits for the first to commit;
+-- the ledger only answers for ids stored earlier, which are committed.
 
 -- One row per generation: which slot it wrote, and from when to when.
 -- Kept after their slot is reused, as a record (two rows a day with the
