@@ -49,6 +49,16 @@ func storeOrFail(ctx context.Context, db dbsqlc.DBTX, ids ...string) ([]string, 
 	return dbsqlc.New().InboxInsertMany(ctx, db, p)
 }
 
+// requireSQLState requires err to be PostgreSQL's, with SQLSTATE code, and
+// returns it.
+func requireSQLState(t *testing.T, err error, code, msg string) *pgconn.PgError {
+	t.Helper()
+	var pgErr *pgconn.PgError
+	require.True(t, errors.As(err, &pgErr), "%s: %v", msg, err)
+	require.Equal(t, code, pgErr.Code, msg)
+	return pgErr
+}
+
 func remembered(t *testing.T, db *testenv.DB, id string) bool {
 	t.Helper()
 	return db.Int(t, "SELECT count(*) FROM inbox_keys WHERE message_id = $1", id) == 1
@@ -75,9 +85,7 @@ func TestAnIdIsADuplicateAfterItsRowLeft(t *testing.T) {
 	// an insert that does not ask the ledger itself is refused.
 	_, err = db.Pool.Exec(t.Context(), `INSERT INTO inbox (message_id, message_type, payload) VALUES ('m-1', 'order.created', '{}')
 		ON CONFLICT (message_id) DO NOTHING`)
-	var pgErr *pgconn.PgError
-	require.True(t, errors.As(err, &pgErr), "an insert of its own is refused: %v", err)
-	require.Equal(t, "23505", pgErr.Code, "unique_violation")
+	pgErr := requireSQLState(t, err, "23505", "an insert of its own is refused as unique_violation")
 	require.Contains(t, pgErr.Message, "message id m-1 is a duplicate")
 	require.Zero(t, db.Int(t, "SELECT count(*) FROM inbox"))
 	require.Equal(t, []string{"m-2"}, store(t, db.Pool, "m-2"), "another id is stored")
@@ -104,9 +112,7 @@ func TestAStricterWriterCannotWriteAClosedGeneration(t *testing.T) {
 	require.EqualValues(t, 2, generation)
 
 	_, err = tx.Exec(ctx, "INSERT INTO inbox (message_id, message_type, payload) VALUES ('rr-1', 'order.created', '{}')")
-	var pgErr *pgconn.PgError
-	require.True(t, errors.As(err, &pgErr), "the insert fails: %v", err)
-	require.Equal(t, "40001", pgErr.Code, "serialization_failure")
+	requireSQLState(t, err, "40001", "the insert fails with serialization_failure")
 	require.Zero(t, db.Int(t, "SELECT count(*) FROM inbox_keys WHERE message_id = 'rr-1'"))
 }
 
@@ -278,9 +284,7 @@ func TestARotationGivesUpOnABusyLedger(t *testing.T) {
 	require.NoError(t, err)
 
 	_, err = dbsqlc.New().JanitorRotateKeys(ctx, db.Pool, (70 * time.Hour).Seconds())
-	var pgErr *pgconn.PgError
-	require.True(t, errors.As(err, &pgErr), "%v", err)
-	require.Equal(t, "55P03", pgErr.Code, "lock_not_available")
+	requireSQLState(t, err, "55P03", "lock_not_available")
 	require.NoError(t, tx.Rollback(ctx))
 	require.Equal(t, 1, db.Int(t, "SELECT count(*) FROM inbox_key_generations"))
 
