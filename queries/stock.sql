@@ -9,21 +9,21 @@ FROM stock_lock(@skus::text[], @wait_ms::integer) AS l;
 -- StockLockAvailable locks, in SKU order, the stock rows of skus that no
 -- other transaction holds, and returns them with their levels. It never
 -- waits: the handler probes rows it found held a moment ago with it.
-SELECT sku, available FROM stock WHERE sku = ANY(@skus::text[]) ORDER BY sku FOR UPDATE SKIP LOCKED;
+SELECT l.sku::text AS sku, l.available::integer AS available
+FROM stock_lock(@skus::text[], 0) AS l;
 
 -- name: StockGetMany :many
--- StockGetMany returns the stock of skus, locked or not.
-SELECT sku, available FROM stock WHERE sku = ANY(@skus::text[]);
+-- StockGetMany returns the levels of skus, locked or not.
+SELECT sku::text AS sku, available::integer AS available FROM stock_levels WHERE sku = ANY(@skus::text[]);
 
 -- name: StockTakeMany :execrows
--- StockTakeMany takes quantities from stock, one row per SKU, each only if
--- that much is available, and returns the number of SKUs it took from: fewer
--- than asked means the handler decided on stale levels. The check constraint
--- (available >= 0) backs it.
-UPDATE stock
-SET available = stock.available - t.quantity, updated_at = now()
-FROM (SELECT unnest(@skus::text[]) AS sku, unnest(@quantities::integer[]) AS quantity) AS t
-WHERE stock.sku = t.sku AND stock.available >= t.quantity;
+-- StockTakeMany takes quantities from stock, one move per SKU, and returns
+-- the number of moves it wrote. The stock_moves_chain trigger refuses a
+-- take that would leave a level below zero (check_violation): the handler
+-- decided on stale levels.
+INSERT INTO stock_moves (sku, quantity)
+SELECT t.sku, -t.quantity
+FROM (SELECT unnest(@skus::text[]) AS sku, unnest(@quantities::integer[]) AS quantity) AS t;
 
 -- name: StockReservationInsertMany :many
 -- StockReservationInsertMany records reservations, skipping any (order, sku)
@@ -35,20 +35,27 @@ RETURNING order_id;
 
 -- name: StockRelease :one
 -- StockRelease gives back the stock an order reserved, once: it marks the
--- reservations released and returns how many it released.
+-- reservations released, writes a move giving each SKU's quantity back,
+-- and returns how many SKUs it gave back to.
 WITH released AS (
     UPDATE stock_reservations
     SET released_at = now()
     WHERE order_id = @order_id AND released_at IS NULL
     RETURNING sku, quantity
 ), given AS (
-    UPDATE stock
-    SET available = stock.available + released.quantity, updated_at = now()
+    INSERT INTO stock_moves (sku, quantity)
+    SELECT released.sku, sum(released.quantity)::integer
     FROM released
-    WHERE stock.sku = released.sku
-    RETURNING stock.sku
+    GROUP BY released.sku
+    ORDER BY released.sku
+    RETURNING sku
 )
 SELECT count(*)::integer FROM given;
+
+-- name: StockFold :one
+-- StockFold folds the moves of every SKU whose row nobody holds into
+-- stock.available, max_skus at most, and returns how many SKUs it folded.
+SELECT stock_fold(NULL, @max_skus::integer)::integer AS folded;
 
 -- name: StockReservedSkus :many
 -- StockReservedSkus returns the SKUs that each of the orders holds

@@ -63,8 +63,8 @@ func TestInsufficientStockRejects(t *testing.T) {
 	require.Equal(t, "rejected", status)
 	require.Equal(t, "insufficient stock: SKU-2", reason)
 	require.Zero(t, b.count(t, "SELECT count(*) FROM stock_reservations WHERE order_id = 'o-1'"))
-	require.Equal(t, 1, b.count(t, "SELECT available FROM stock WHERE sku = 'SKU-2'"))
-	require.Equal(t, initialStock-1, b.count(t, "SELECT available FROM stock WHERE sku = 'SKU-1'"), "only o-2 took SKU-1")
+	require.Equal(t, 1, b.count(t, "SELECT available FROM stock_levels WHERE sku = 'SKU-2'"))
+	require.Equal(t, initialStock-1, b.count(t, "SELECT available FROM stock_levels WHERE sku = 'SKU-1'"), "only o-2 took SKU-1")
 	require.Equal(t, "rejected", b.resultOf(t, "m-1"))
 	b.requireEventsOnce(t)
 	require.Equal(t, 1, b.count(t, "SELECT count(*) FROM outbox WHERE idempotency_key = 'm-1:order.rejected'"))
@@ -209,5 +209,5 @@ func TestOutOfRangeQuantitiesEndDead(t *testing.T) {
 		require.Contains(t, b.inboxText(t, "last_error", id), "items[0].quantity must be a whole number between 1 and 1000000, got "+q)
 	}
 	require.Zero(t, b.count(t, "SELECT count(*) FROM order_confirmations"))
-	require.Zero(t, b.count(t, "SELECT count(*) FROM stock WHERE available <> $1", initialStock), "stock unchanged")
+	require.Zero(t, b.count(t, "SELECT count(*) FROM stock_levels WHERE available <> $1", initialStock), "stock unchanged")
 }

@@ -105,6 +105,10 @@ func TestServeAsTheServiceRole(t *testing.T) {
 	conn, err := pgx.Connect(t.Context(), serviceURL)
 	require.NoError(t, err)
 	defer func() { _ = conn.Close(context.WithoutCancel(t.Context())) }()
+	var folded int
+	require.NoError(t, conn.QueryRow(t.Context(), "SELECT stock_fold()").Scan(&folded))
+	require.Positive(t, folded, "the service folds the stock moves its orders wrote")
+	require.Zero(t, b.count(t, "SELECT count(*) FROM stock_moves"))
 	requirePermissionDenied(t, conn,
 		"CREATE TABLE sneaky (id int)",
 		"DROP TABLE inbox",
@@ -127,6 +131,8 @@ func TestServeAsTheServiceRole(t *testing.T) {
 		"UPDATE order_confirmations SET email = 'x', order_id = 'x'",
 		"UPDATE inbox_attempts SET outcome = 'processed'",
 		"UPDATE stock_reservations SET quantity = 0",
+		"UPDATE stock_moves SET quantity = 0",
+		"TRUNCATE stock_moves",
 		"UPDATE inbox_reply_requests SET reply_to = 'x'",
 	)
 }

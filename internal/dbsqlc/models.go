@@ -253,9 +253,26 @@ type OutboxDead struct {
 }
 
 type Stock struct {
+	Sku           string
+	Available     int32
+	UpdatedAt     time.Time
+	FoldedThrough int64
+}
+
+type StockLevel struct {
 	Sku       string
 	Available int32
+	Folded    int32
+	Unfolded  int32
 	UpdatedAt time.Time
+}
+
+type StockMove struct {
+	Sku      string
+	ID       int64
+	Quantity int32
+	Unfolded int32
+	MovedAt  time.Time
 }
 
 type StockOverview struct {

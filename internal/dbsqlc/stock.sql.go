@@ -9,8 +9,21 @@ import (
 	"context"
 )
 
+const stockFold = `-- name: StockFold :one
+SELECT stock_fold(NULL, $1::integer)::integer AS folded
+`
+
+// StockFold folds the moves of every SKU whose row nobody holds into
+// stock.available, max_skus at most, and returns how many SKUs it folded.
+func (q *Queries) StockFold(ctx context.Context, db DBTX, maxSkus int32) (int32, error) {
+	row := db.QueryRow(ctx, stockFold, maxSkus)
+	var folded int32
+	err := row.Scan(&folded)
+	return folded, err
+}
+
 const stockGetMany = `-- name: StockGetMany :many
-SELECT sku, available FROM stock WHERE sku = ANY($1::text[])
+SELECT sku::text AS sku, available::integer AS available FROM stock_levels WHERE sku = ANY($1::text[])
 `
 
 type StockGetManyRow struct {
@@ -18,7 +31,7 @@ type StockGetManyRow struct {
 	Available int32
 }
 
-// StockGetMany returns the stock of skus, locked or not.
+// StockGetMany returns the levels of skus, locked or not.
 func (q *Queries) StockGetMany(ctx context.Context, db DBTX, skus []string) ([]StockGetManyRow, error) {
 	rows, err := db.Query(ctx, stockGetMany, skus)
 	if err != nil {
@@ -78,7 +91,8 @@ func (q *Queries) StockLock(ctx context.Context, db DBTX, arg StockLockParams) (
 }
 
 const stockLockAvailable = `-- name: StockLockAvailable :many
-SELECT sku, available FROM stock WHERE sku = ANY($1::text[]) ORDER BY sku FOR UPDATE SKIP LOCKED
+SELECT l.sku::text AS sku, l.available::integer AS available
+FROM stock_lock($1::text[], 0) AS l
 `
 
 type StockLockAvailableRow struct {
@@ -116,17 +130,19 @@ WITH released AS (
     WHERE order_id = $1 AND released_at IS NULL
     RETURNING sku, quantity
 ), given AS (
-    UPDATE stock
-    SET available = stock.available + released.quantity, updated_at = now()
+    INSERT INTO stock_moves (sku, quantity)
+    SELECT released.sku, sum(released.quantity)::integer
     FROM released
-    WHERE stock.sku = released.sku
-    RETURNING stock.sku
+    GROUP BY released.sku
+    ORDER BY released.sku
+    RETURNING sku
 )
 SELECT count(*)::integer FROM given
 `
 
 // StockRelease gives back the stock an order reserved, once: it marks the
-// reservations released and returns how many it released.
+// reservations released, writes a move giving each SKU's quantity back,
+// and returns how many SKUs it gave back to.
 func (q *Queries) StockRelease(ctx context.Context, db DBTX, orderID string) (int32, error) {
 	row := db.QueryRow(ctx, stockRelease, orderID)
 	var column_1 int32
@@ -202,10 +218,9 @@ func (q *Queries) StockReservedSkus(ctx context.Context, db DBTX, orderIds []str
 }
 
 const stockTakeMany = `-- name: StockTakeMany :execrows
-UPDATE stock
-SET available = stock.available - t.quantity, updated_at = now()
+INSERT INTO stock_moves (sku, quantity)
+SELECT t.sku, -t.quantity
 FROM (SELECT unnest($1::text[]) AS sku, unnest($2::integer[]) AS quantity) AS t
-WHERE stock.sku = t.sku AND stock.available >= t.quantity
 `
 
 type StockTakeManyParams struct {
@@ -213,10 +228,10 @@ type StockTakeManyParams struct {
 	Quantities []int32
 }
 
-// StockTakeMany takes quantities from stock, one row per SKU, each only if
-// that much is available, and returns the number of SKUs it took from: fewer
-// than asked means the handler decided on stale levels. The check constraint
-// (available >= 0) backs it.
+// StockTakeMany takes quantities from stock, one move per SKU, and returns
+// the number of moves it wrote. The stock_moves_chain trigger refuses a
+// take that would leave a level below zero (check_violation): the handler
+// decided on stale levels.
 func (q *Queries) StockTakeMany(ctx context.Context, db DBTX, arg StockTakeManyParams) (int64, error) {
 	result, err := db.Exec(ctx, stockTakeMany, arg.Skus, arg.Quantities)
 	if err != nil {

@@ -44,7 +44,7 @@ func TestOperatorRole(t *testing.T) {
 	defer func() { _ = op.Close(context.WithoutCancel(ctx)) }()
 
 	for _, view := range []string{"inbox", "inbox_overview", "inbox_dead", "inbox_held_back", "order_confirmations",
-		"stock", "stock_reservations", "stock_overview", "outbox", "outbox_backlog",
+		"stock", "stock_reservations", "stock_overview", "stock_levels", "stock_moves", "outbox", "outbox_backlog",
 		"inbox_attempts", "inbox_conflicts", "inbox_dead_by_error", "inbox_failures_by_build", "inbox_throughput"} {
 		_, err := op.Exec(ctx, "SELECT * FROM "+view+" LIMIT 1")
 		require.NoError(t, err, "the operator reads %s", view)
@@ -64,6 +64,8 @@ func TestOperatorRole(t *testing.T) {
 		"DELETE FROM inbox",
 		"INSERT INTO inbox (message_id, message_type, payload) VALUES ('x', 'y', '')",
 		"UPDATE stock SET available = 0",
+		"INSERT INTO stock_moves (sku, quantity) VALUES ('x', 1)",
+		"SELECT stock_fold()",
 		"DELETE FROM outbox",
 		"UPDATE order_confirmations SET status = 'cancelled'",
 		"TRUNCATE inbox",

@@ -527,7 +527,7 @@ func (h *Handler) writeStock(ctx context.Context, tx pgx.Tx, d stockDecision) er
 			return fmt.Errorf("take stock: %w", err)
 		}
 		if n != int64(len(take.Skus)) {
-			return fmt.Errorf("take stock: %d of %d SKUs no longer had the stock", int64(len(take.Skus))-n, len(take.Skus))
+			return fmt.Errorf("take stock: %d moves written for %d SKUs", n, len(take.Skus))
 		}
 	}
 	if len(reject.OrderIds) > 0 {

@@ -43,7 +43,7 @@ func (b *handlerBundle) setStock(t *testing.T, levels map[string]int) {
 func (b *handlerBundle) available(t *testing.T, sku string) int {
 	t.Helper()
 	var n int
-	require.NoError(t, b.db.Pool.QueryRow(t.Context(), "SELECT available FROM stock WHERE sku = $1", sku).Scan(&n))
+	require.NoError(t, b.db.Pool.QueryRow(t.Context(), "SELECT available FROM stock_levels WHERE sku = $1", sku).Scan(&n))
 	return n
 }
 

@@ -1,0 +1,190 @@
+package orders_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
+
+	"github.com/orderconfirm/inboxd/internal/orders"
+)
+
+// stockRow is what a look-up of a SKU finds: its row's version (where it
+// is, and the transaction that wrote it), its level and the parts of it.
+type stockRow struct {
+	version                    string
+	available, folded, pending int
+}
+
+func (b *handlerBundle) stockRow(t *testing.T, sku string) stockRow {
+	t.Helper()
+	var r stockRow
+	require.NoError(t, b.db.Pool.QueryRow(t.Context(), `
+		SELECT s.ctid::text || ' ' || s.xmin::text, l.available, l.folded, l.unfolded
+		FROM stock s JOIN stock_levels l USING (sku) WHERE s.sku = $1`, sku).
+		Scan(&r.version, &r.available, &r.folded, &r.pending))
+	return r
+}
+
+// Orders take stock, and cancellations give it back, without writing a
+// version of the stock row: a snapshot held open meanwhile (pg_dump, a
+// long report) keeps no version of it for every later look-up to walk.
+// The level is exact all along; a fold moves it into stock.available and
+// leaves it as it was.
+func TestOrdersTakeStockWithoutRewritingItsRow(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	holder, err := b.db.Pool.BeginTx(t.Context(), pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	require.NoError(t, err)
+	defer func() { _ = holder.Rollback(context.WithoutCancel(t.Context())) }()
+	_, err = holder.Exec(t.Context(), "SELECT count(*) FROM stock")
+	require.NoError(t, err)
+
+	before := b.stockRow(t, "SKU-2")
+	for i := range 5 { // each order takes 1 of SKU-1 and 2 of SKU-2
+		b.handle(t, created(fmt.Sprintf("m-%d", i), fmt.Sprintf("o-%d", i)))
+	}
+	b.handle(t, cancelled("m-c", "o-0"))
+	after := b.stockRow(t, "SKU-2")
+	require.Equal(t, before.version, after.version, "the stock row was not written")
+	require.Equal(t, stockRow{version: before.version, available: 1_000_000 - 8, folded: 1_000_000, pending: -8}, after)
+
+	n, err := orders.FoldStock(t.Context(), b.db.Pool)
+	require.NoError(t, err)
+	require.Equal(t, 2, n, "SKU-1 and SKU-2 had moves")
+	folded := b.stockRow(t, "SKU-2")
+	require.Equal(t, 1_000_000-8, folded.available, "a fold leaves the level as it was")
+	require.Equal(t, 1_000_000-8, folded.folded)
+	require.Zero(t, folded.pending)
+	require.Zero(t, b.count(t, "SELECT count(*) FROM stock_moves"), "folded moves are gone")
+	n, err = orders.FoldStock(t.Context(), b.db.Pool)
+	require.NoError(t, err)
+	require.Zero(t, n, "nothing left to fold")
+}
+
+func (b *handlerBundle) count(t *testing.T, query string, args ...any) int {
+	t.Helper()
+	var n int
+	require.NoError(t, b.db.Pool.QueryRow(t.Context(), query, args...).Scan(&n))
+	return n
+}
+
+func sqlState(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code
+	}
+	return ""
+}
+
+// Moves stay exact whoever writes them and however they interleave:
+// writers that did not lock the stock row first (so their moves are
+// numbered before they wait for it), givers and takers, and folds, all at
+// once. Every take the level allowed is kept, every other refused, and
+// the level is what the committed moves leave.
+func TestStockMovesStayExactUnderConcurrentWriters(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const initial, writers, attempts = 60, 6, 40
+	b.setStock(t, map[string]int{"RACE-1": initial})
+
+	var taken, given, refused atomic.Int64
+	move := func(quantity int) error {
+		for {
+			_, err := b.db.Pool.Exec(t.Context(), "INSERT INTO stock_moves (sku, quantity) VALUES ('RACE-1', $1)", quantity)
+			if sqlState(err) == "40001" { // numbered before a move committed since
+				continue
+			}
+			return err
+		}
+	}
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Go(func() {
+			for i := range attempts {
+				quantity := -1
+				if w == 0 && i%4 == 0 {
+					quantity = 1 // a cancellation gives one back
+				}
+				err := move(quantity)
+				switch {
+				case err == nil && quantity < 0:
+					taken.Add(1)
+				case err == nil:
+					given.Add(1)
+				case sqlState(err) == "23514": // check_violation: none left
+					refused.Add(1)
+				default:
+					t.Errorf("move %d: %v", quantity, err)
+					return
+				}
+			}
+		})
+	}
+	folds := make(chan struct{})
+	wg.Go(func() {
+		defer close(folds)
+		for taken.Load()+given.Load()+refused.Load() < writers*attempts && !t.Failed() {
+			_, err := b.db.Pool.Exec(t.Context(), "SELECT stock_fold()")
+			require.NoError(t, err)
+		}
+	})
+	wg.Wait()
+	<-folds
+
+	require.Positive(t, refused.Load(), "more was asked than there was")
+	level := b.stockRow(t, "RACE-1").available
+	require.Equal(t, initial-int(taken.Load())+int(given.Load()), level, "the level is what the moves left")
+	require.Zero(t, level, "every take the level allowed was kept")
+	_, err := orders.FoldStock(t.Context(), b.db.Pool)
+	require.NoError(t, err)
+	require.Equal(t, stockRow{version: b.stockRow(t, "RACE-1").version}, b.stockRow(t, "RACE-1"), "folded: 0 available, nothing pending")
+}
+
+// stock.available may still be changed directly, by an owner or by an
+// earlier inboxd during a rolling upgrade (which takes from it), but not
+// below what the moves not folded yet leave; a level is set by folding
+// first in the same transaction.
+func TestStockAvailableCannotGoBelowTheMoves(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.setStock(t, map[string]int{"OWN-1": 10})
+	_, err := b.db.Pool.Exec(t.Context(), "INSERT INTO stock_moves (sku, quantity) VALUES ('OWN-1', -8)")
+	require.NoError(t, err)
+
+	_, err = b.db.Pool.Exec(t.Context(), "UPDATE stock SET available = available - 5 WHERE sku = 'OWN-1'")
+	require.Equal(t, "23514", sqlState(err), "an owner taking 5 of the 2 left: %v", err)
+	_, err = b.db.Pool.Exec(t.Context(),
+		"UPDATE stock SET available = stock.available - 3 FROM (SELECT 'OWN-1' AS sku) t WHERE stock.sku = t.sku AND stock.available >= 3")
+	require.Equal(t, "23514", sqlState(err), "an earlier inboxd's take, on the folded level: %v", err)
+	_, err = b.db.Pool.Exec(t.Context(), "INSERT INTO stock_moves (sku, quantity) VALUES ('OWN-1', -3)")
+	require.Equal(t, "23514", sqlState(err), "a move taking 3 of the 2 left: %v", err)
+	require.ErrorContains(t, err, "stock of sku OWN-1 would go below zero: 2 available, 3 asked")
+
+	_, err = b.db.Pool.Exec(t.Context(), "UPDATE stock SET available = available + 5 WHERE sku = 'OWN-1'")
+	require.NoError(t, err, "adding stock")
+	require.Equal(t, 7, b.stockRow(t, "OWN-1").available)
+
+	err = pgx.BeginTxFunc(t.Context(), b.db.Pool, pgx.TxOptions{IsoLevel: pgx.RepeatableRead}, func(tx pgx.Tx) error {
+		_, err := tx.Exec(t.Context(), "INSERT INTO stock_moves (sku, quantity) VALUES ('OWN-1', -1)")
+		return err
+	})
+	require.Equal(t, "0A000", sqlState(err), "its snapshot may miss a move committed since: %v", err)
+
+	err = pgx.BeginFunc(t.Context(), b.db.Pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(t.Context(), "SELECT stock_fold('{OWN-1}')"); err != nil {
+			return err
+		}
+		_, err := tx.Exec(t.Context(), "UPDATE stock SET available = 4, updated_at = now() WHERE sku = 'OWN-1'")
+		return err
+	})
+	require.NoError(t, err)
+	require.Equal(t, stockRow{version: b.stockRow(t, "OWN-1").version, available: 4, folded: 4}, b.stockRow(t, "OWN-1"),
+		"set after a fold: the level is what was set")
+}
