@@ -20,7 +20,10 @@
 -- stock.available by adding to it, as before.
 CREATE TABLE stock_moves (
     sku      text        NOT NULL,
-    id       bigint      GENERATED ALWAYS AS IDENTITY,
+    -- The SKU's moves are numbered 1, 2, 3 … by the stock_moves_chain
+    -- trigger, under the SKU's row lock, whatever the insert says: no
+    -- sequence to fall behind (a data-only copy, a logical replica).
+    id       bigint      NOT NULL,
     -- Negative: taken by orders; positive: given back by cancellations.
     quantity integer     NOT NULL,
     -- The SKU's moves since its last fold, this one included (set by the
@@ -38,7 +41,8 @@ ALTER TABLE stock ADD COLUMN folded_through bigint NOT NULL DEFAULT 0;
 
 -- stock_levels is each SKU's level: available is what can be sold now,
 -- folded what stock.available says, unfolded what moves have changed
--- since, and updated_at the last change of either.
+-- since, and updated_at the later of the stock row's last change (an
+-- owner's, or a fold) and its newest move.
 CREATE VIEW stock_levels AS
 SELECT s.sku,
        (s.available + coalesce(n.unfolded, 0))::integer AS available,
@@ -67,12 +71,10 @@ GROUP BY l.sku, l.available, l.updated_at;
 -- below zero (as stock_available_check refuses for stock.available).
 --   - It locks the SKU's stock row first: the moves of a SKU are written
 --     one transaction at a time. The handler holds the lock already
---     (stock_lock); anyone else waits for it here.
+--     (stock_lock); anyone else (an owner's INSERT) waits for it here.
 --   - It reads the newest move after the lock, in a statement of its own
---     (a snapshot of its own): every move written before is committed.
---   - A move numbered before one committed since (its writer took its id
---     before the lock) would hide behind it: refused with 40001, to be
---     tried again.
+--     (a snapshot of its own): every move written before is committed, and
+--     none can be written until this transaction ends.
 --   - Outside READ COMMITTED the newest move may be missing from the
 --     transaction's snapshot: refused.
 -- It runs for every move, so its statements keep their plans (look-ups of
@@ -106,11 +108,7 @@ BEGIN
         ORDER BY m.id DESC LIMIT 1
     ) n ON true
     WHERE s.sku = NEW.sku;
-    IF NEW.id <= greatest(folded, newest_id) THEN
-        RAISE EXCEPTION 'stock move % of sku % was numbered before move % written since; try again',
-            NEW.id, NEW.sku, greatest(folded, newest_id)
-            USING ERRCODE = 'serialization_failure';
-    END IF;
+    NEW.id := greatest(folded, newest_id) + 1;
     NEW.unfolded := coalesce(newest, 0) + NEW.quantity;
     IF base + NEW.unfolded < 0 THEN
         RAISE EXCEPTION 'stock of sku % would go below zero: % available, % asked',
@@ -293,8 +291,14 @@ SELECT inbox_grant_roles();
 DROP FUNCTION inbox_grant_roles();
 ALTER FUNCTION inbox_grant_roles_00025() RENAME TO inbox_grant_roles;
 COMMENT ON FUNCTION inbox_grant_roles() IS NULL;
--- Nothing taken or given back is lost: the moves are folded first.
-SELECT stock_fold();
+-- Nothing taken or given back is lost: with no move written meanwhile,
+-- every SKU's moves are folded first (a running inboxd's batch is waited
+-- for, as lock_timeout allows).
+LOCK TABLE stock, stock_moves IN SHARE ROW EXCLUSIVE MODE;
+DROP TRIGGER stock_level_check ON stock;
+DROP FUNCTION stock_level_check();
+UPDATE stock s SET available = l.available, updated_at = now()
+FROM stock_levels l WHERE l.sku = s.sku AND l.unfolded <> 0;
 DROP FUNCTION stock_fold(text[], integer);
 -- +goose StatementBegin
 CREATE OR REPLACE FUNCTION stock_lock(skus text[], wait_ms integer)
@@ -322,8 +326,6 @@ BEGIN
 END;
 $$;
 -- +goose StatementEnd
-DROP TRIGGER stock_level_check ON stock;
-DROP FUNCTION stock_level_check();
 DROP TRIGGER stock_moves_chain ON stock_moves;
 DROP FUNCTION stock_moves_chain();
 CREATE OR REPLACE VIEW stock_overview AS

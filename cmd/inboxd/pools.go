@@ -35,9 +35,10 @@ const ingestPoolSize = 2
 
 // workerPoolSize is one connection for each batch in flight (INBOX_WORKERS,
 // each in its own transaction), one for the takeover of unfinished
-// messages, one for the answer of reply requests left unanswered, and one
-// for the raise of the inbox's claim floor, which run beside them.
-func workerPoolSize(workers int) int { return workers + 3 }
+// messages, one for the answer of reply requests left unanswered, one for
+// the raise of the inbox's claim floor, and one for the fold of the stock
+// moves, which run beside them.
+func workerPoolSize(workers int) int { return workers + 4 }
 
 // relayPoolSize: the relay holds one connection, for the transaction of the
 // batch it is publishing, and raises the outbox's claim floor on another;

@@ -129,7 +129,7 @@ func TestServePipelineConfigDefaults(t *testing.T) {
 	}, got)
 	require.Equal(t, poolSizes{
 		ingest: ingestPoolSize,
-		worker: inbox.ConcurrencyDefault + 3,
+		worker: inbox.ConcurrencyDefault + 4,
 		relay:  relayPoolSize,
 		status: statuspage.PoolSizeDefault,
 		ready:  readyPoolSize,

@@ -21,7 +21,15 @@ SELECT
     (SELECT count(*) FROM outbox WHERE published_at IS NULL AND dead_at IS NULL AND reply_to IS NOT NULL)::bigint AS replies_unpublished,
     (SELECT count(*) FROM outbox WHERE published_at IS NULL AND dead_at IS NOT NULL AND reply_to IS NOT NULL)::bigint AS replies_undeliverable,
     coalesce((SELECT extract(epoch FROM now() - g.opened_at)
-              FROM inbox_key_generations g WHERE g.closed_at IS NULL), 0)::float8 AS key_generation_seconds
+              FROM inbox_key_generations g WHERE g.closed_at IS NULL), 0)::float8 AS key_generation_seconds,
+    -- The oldest move not folded yet: each SKU's first move past its fold,
+    -- one index look-up a SKU (the folded moves a held snapshot keeps are
+    -- not read).
+    coalesce((SELECT extract(epoch FROM now() - min(m.moved_at))
+              FROM stock s
+              CROSS JOIN LATERAL (SELECT f.moved_at FROM stock_moves f
+                                  WHERE f.sku = s.sku AND f.id > s.folded_through
+                                  ORDER BY f.id LIMIT 1) m), 0)::float8 AS stock_unfolded_seconds
 `
 
 type MetricsGaugesRow struct {
@@ -33,6 +41,7 @@ type MetricsGaugesRow struct {
 	RepliesUnpublished   int64
 	RepliesUndeliverable int64
 	KeyGenerationSeconds float64
+	StockUnfoldedSeconds float64
 }
 
 // Named after its caller, internal/metrics: its gauges read the inbox and the outbox together, and its lock is no table's.
@@ -50,6 +59,7 @@ func (q *Queries) MetricsGauges(ctx context.Context, db DBTX) (MetricsGaugesRow,
 		&i.RepliesUnpublished,
 		&i.RepliesUndeliverable,
 		&i.KeyGenerationSeconds,
+		&i.StockUnfoldedSeconds,
 	)
 	return i, err
 }

@@ -18,8 +18,11 @@ import (
 const StockFoldInterval = 30 * time.Second
 
 // stockFoldBatch is the most SKUs one fold locks and folds in one
-// transaction.
-const stockFoldBatch = 1000
+// transaction, and stockFoldBatches the most transactions of one FoldStock.
+const (
+	stockFoldBatch   = 1000
+	stockFoldBatches = 100
+)
 
 // FoldStockEvery folds the stock moves (FoldStock) every interval until
 // ctx ends. Each replica may run it: a fold skips the rows another holds.
@@ -34,18 +37,22 @@ func FoldStockEvery(ctx context.Context, db dbsqlc.DBTX, logger *slog.Logger, in
 // FoldStock folds the moves of every SKU whose stock row no other
 // transaction holds into stock.available, stockFoldBatch SKUs per
 // transaction, and returns how many SKUs it folded. The levels stay as
-// they were. db must not be in a transaction of its own: each batch is one.
+// they were. db must not be in a transaction of its own: each batch is one,
+// and there are stockFoldBatches at most.
 func FoldStock(ctx context.Context, db dbsqlc.DBTX) (int, error) {
 	q := dbsqlc.New()
 	total := 0
-	for {
+	// A batch that folds as many SKUs as it may leaves more to fold, but
+	// moves written meanwhile may keep it full: stockFoldBatches at most.
+	for range stockFoldBatches {
 		n, err := q.StockFold(ctx, db, stockFoldBatch)
 		if err != nil {
 			return total, err
 		}
 		total += int(n)
 		if n < stockFoldBatch {
-			return total, nil
+			break
 		}
 	}
+	return total, nil
 }
