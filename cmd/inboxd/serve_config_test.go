@@ -227,8 +227,8 @@ func TestServePipelineConfigFromEverySetting(t *testing.T) {
 			BatchSize:     500,
 		},
 	}, got)
-	// Seven batches in flight, the takeover, the answer of left requests and the claim floor; no status page.
-	require.Equal(t, poolSizes{ingest: ingestPoolSize, worker: 10, relay: relayPoolSize, ready: readyPoolSize}, poolSizesFor(cfg))
+	// Seven batches in flight, the takeover, the answer of left requests, the claim floor and the stock fold; no status page.
+	require.Equal(t, poolSizes{ingest: ingestPoolSize, worker: 11, relay: relayPoolSize, ready: readyPoolSize}, poolSizesFor(cfg))
 }
 
 func TestServePipelineConfigWithoutJanitor(t *testing.T) {
