@@ -41,17 +41,19 @@ ALTER TABLE stock ADD COLUMN folded_through bigint NOT NULL DEFAULT 0;
 
 -- stock_levels is each SKU's level: available is what can be sold now,
 -- folded what stock.available says, unfolded what moves have changed
--- since, and updated_at the later of the stock row's last change (an
--- owner's, or a fold) and its newest move.
+-- since, updated_at the later of the stock row's last change (an owner's,
+-- or a fold) and its newest move, and last_move the number of its newest
+-- move, folded or not. Everything that reads a level reads it here.
 CREATE VIEW stock_levels AS
 SELECT s.sku,
        (s.available + coalesce(n.unfolded, 0))::integer AS available,
        s.available                                       AS folded,
        coalesce(n.unfolded, 0)::integer                  AS unfolded,
-       greatest(s.updated_at, n.moved_at)::timestamptz   AS updated_at
+       greatest(s.updated_at, n.moved_at)::timestamptz   AS updated_at,
+       greatest(s.folded_through, n.id)::bigint          AS last_move
 FROM stock s
 LEFT JOIN LATERAL (
-    SELECT m.unfolded, m.moved_at FROM stock_moves m
+    SELECT m.id, m.unfolded, m.moved_at FROM stock_moves m
     WHERE m.sku = s.sku AND m.id > s.folded_through
     ORDER BY m.id DESC LIMIT 1
 ) n ON true;
@@ -65,6 +67,22 @@ SELECT l.sku,
 FROM stock_levels l
 LEFT JOIN stock_reservations r USING (sku)
 GROUP BY l.sku, l.available, l.updated_at;
+
+-- stock_read_committed refuses a transaction outside READ COMMITTED, which
+-- may miss a move committed since its snapshot; what says what it is
+-- about.
+-- +goose StatementBegin
+CREATE FUNCTION stock_read_committed(what text) RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION '% in READ COMMITTED transactions only, not %', what, current_setting('transaction_isolation')
+            USING ERRCODE = 'feature_not_supported';
+    END IF;
+END;
+$$;
+-- +goose StatementEnd
 
 -- stock_moves_chain numbers each move after every earlier move of its SKU
 -- and gives it the running total, refusing one that would take the level
@@ -86,33 +104,19 @@ CREATE FUNCTION stock_moves_chain() RETURNS trigger
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    base integer;
-    folded bigint;
-    newest_id bigint;
-    newest integer;
+    level stock_levels;
 BEGIN
-    IF current_setting('transaction_isolation') <> 'read committed' THEN
-        RAISE EXCEPTION 'stock moves are written in READ COMMITTED transactions only, not %',
-            current_setting('transaction_isolation')
-            USING ERRCODE = 'feature_not_supported';
-    END IF;
+    PERFORM stock_read_committed('stock moves are written');
     PERFORM 1 FROM stock s WHERE s.sku = NEW.sku FOR UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'no stock row for sku %', NEW.sku USING ERRCODE = 'foreign_key_violation';
     END IF;
-    SELECT s.available, s.folded_through, n.id, n.unfolded INTO base, folded, newest_id, newest
-    FROM stock s
-    LEFT JOIN LATERAL (
-        SELECT m.id, m.unfolded FROM stock_moves m
-        WHERE m.sku = s.sku AND m.id > s.folded_through
-        ORDER BY m.id DESC LIMIT 1
-    ) n ON true
-    WHERE s.sku = NEW.sku;
-    NEW.id := greatest(folded, newest_id) + 1;
-    NEW.unfolded := coalesce(newest, 0) + NEW.quantity;
-    IF base + NEW.unfolded < 0 THEN
+    SELECT * INTO level FROM stock_levels l WHERE l.sku = NEW.sku;
+    NEW.id := level.last_move + 1;
+    NEW.unfolded := level.unfolded + NEW.quantity;
+    IF level.available + NEW.quantity < 0 THEN
         RAISE EXCEPTION 'stock of sku % would go below zero: % available, % asked',
-            NEW.sku, base + coalesce(newest, 0), -NEW.quantity
+            NEW.sku, level.available, -NEW.quantity
             USING ERRCODE = 'check_violation', TABLE = 'stock_moves';
     END IF;
     RETURN NEW;
@@ -132,19 +136,14 @@ CREATE FUNCTION stock_level_check() RETURNS trigger
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    newest integer;
+    level stock_levels;
 BEGIN
-    IF current_setting('transaction_isolation') <> 'read committed' THEN
-        RAISE EXCEPTION 'stock.available is lowered in READ COMMITTED transactions only, not %',
-            current_setting('transaction_isolation')
-            USING ERRCODE = 'feature_not_supported';
-    END IF;
-    SELECT m.unfolded INTO newest FROM stock_moves m
-    WHERE m.sku = NEW.sku AND m.id > NEW.folded_through
-    ORDER BY m.id DESC LIMIT 1;
-    IF NEW.available + coalesce(newest, 0) < 0 THEN
+    PERFORM stock_read_committed('stock.available is lowered');
+    -- An AFTER trigger's statement sees the row as updated.
+    SELECT * INTO level FROM stock_levels l WHERE l.sku = NEW.sku;
+    IF level.available < 0 THEN
         RAISE EXCEPTION 'stock of sku % would go below zero: % available after the moves not folded yet (%)',
-            NEW.sku, NEW.available + newest, newest
+            NEW.sku, level.available, level.unfolded
             USING ERRCODE = 'check_violation', TABLE = 'stock';
     END IF;
     RETURN NULL;
@@ -209,14 +208,14 @@ LANGUAGE plpgsql
 SET plan_cache_mode = force_custom_plan
 AS $$
 DECLARE
+    previous_timeout text := current_setting('lock_timeout');
     locked text[];
+    folded_skus text[];
+    previous bigint[];
+    through bigint[];
     n integer;
 BEGIN
-    IF current_setting('transaction_isolation') <> 'read committed' THEN
-        RAISE EXCEPTION 'stock is folded in READ COMMITTED transactions only, not %',
-            current_setting('transaction_isolation')
-            USING ERRCODE = 'feature_not_supported';
-    END IF;
+    PERFORM stock_read_committed('stock is folded');
     IF skus IS NULL THEN
         SELECT array_agg(l.sku) INTO locked FROM (
             SELECT s.sku FROM stock s
@@ -231,26 +230,38 @@ BEGIN
     END IF;
     -- After the locks, in a statement of its own: every move of these
     -- SKUs is committed, and none can be added until this transaction ends.
-    WITH newest AS (
-        SELECT s.sku, s.folded_through AS previous, n.id, n.unfolded
-        FROM stock s
-        CROSS JOIN LATERAL (
-            SELECT m.id, m.unfolded FROM stock_moves m
-            WHERE m.sku = s.sku AND m.id > s.folded_through
-            ORDER BY m.id DESC LIMIT 1
-        ) n
-        WHERE s.sku = ANY(coalesce(locked, '{}'))
-    ), gone AS (
-        DELETE FROM stock_moves m USING newest
-        WHERE m.sku = newest.sku AND m.id > newest.previous AND m.id <= newest.id
+    WITH due AS (
+        SELECT l.sku, s.folded_through AS previous, l.last_move, l.unfolded
+        FROM stock_levels l JOIN stock s USING (sku)
+        WHERE l.sku = ANY(coalesce(locked, '{}')) AND l.last_move > s.folded_through
     ), folded AS (
         UPDATE stock s
-        SET available = s.available + newest.unfolded, folded_through = newest.id, updated_at = now()
-        FROM newest
-        WHERE s.sku = newest.sku
-        RETURNING s.sku
+        SET available = s.available + due.unfolded, folded_through = due.last_move, updated_at = now()
+        FROM due
+        WHERE s.sku = due.sku
+        RETURNING s.sku, due.previous, due.last_move
     )
-    SELECT count(*) INTO n FROM folded;
+    SELECT array_agg(f.sku), array_agg(f.previous), array_agg(f.last_move), count(*)
+    INTO folded_skus, previous, through, n
+    FROM folded f;
+    -- The folded moves go. One that another session has locked (an
+    -- owner's SELECT … FOR UPDATE) is not waited for while this holds
+    -- stock rows that batches wait for: it stays, under folded_through,
+    -- where nothing reads it.
+    BEGIN
+        PERFORM set_config('lock_timeout', '100ms', true);
+        DELETE FROM stock_moves m
+        USING unnest(folded_skus, previous, through) AS f(sku, previous, through)
+        WHERE m.sku = f.sku AND m.id > f.previous AND m.id <= f.through;
+        PERFORM set_config('lock_timeout', previous_timeout, true);
+    EXCEPTION WHEN lock_not_available THEN
+        -- The block is rolled back: its deletes, and lock_timeout.
+        DELETE FROM stock_moves m WHERE m.ctid = ANY (ARRAY(
+            SELECT x.ctid FROM stock_moves x
+            JOIN unnest(folded_skus, previous, through) AS f(sku, previous, through)
+              ON x.sku = f.sku AND x.id > f.previous AND x.id <= f.through
+            FOR UPDATE OF x SKIP LOCKED));
+    END;
     RETURN n;
 END;
 $$;
@@ -328,6 +339,7 @@ $$;
 -- +goose StatementEnd
 DROP TRIGGER stock_moves_chain ON stock_moves;
 DROP FUNCTION stock_moves_chain();
+DROP FUNCTION stock_read_committed(text);
 CREATE OR REPLACE VIEW stock_overview AS
 SELECT s.sku,
        s.available,

@@ -234,3 +234,30 @@ func TestMigratingDownFoldsEveryMove(t *testing.T) {
 	require.Equal(t, []string{"DOWN-1 6", "SKU-1 999997", "SKU-2 999994", "SKU-3 1000000"}, levels)
 	require.Equal(t, many, b.count(t, "SELECT count(*) FROM stock WHERE sku LIKE 'MANY-%' AND available = 3"))
 }
+
+// A fold does not wait for a move another session has locked (an owner's
+// SELECT … FOR UPDATE left open) while it holds the stock rows that
+// batches wait for: it folds every SKU, leaves that one move under the
+// fold where nothing reads it, and orders go on.
+func TestAFoldDoesNotWaitForALockedMove(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.handle(t, created("m-1", "o-1"), created("m-2", "o-2")) // moves of SKU-1 and SKU-2
+	owner, err := b.db.Pool.Begin(t.Context())
+	require.NoError(t, err)
+	defer func() { _ = owner.Rollback(context.WithoutCancel(t.Context())) }()
+	_, err = owner.Exec(t.Context(), "SELECT * FROM stock_moves WHERE sku = 'SKU-1' FOR UPDATE")
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	n, err := orders.FoldStock(ctx, b.db.Pool)
+	require.NoError(t, err, "the fold went on past the locked move")
+	require.Equal(t, 2, n)
+	require.Equal(t, stockRow{version: b.stockRow(t, "SKU-1").version, available: 1_000_000 - 2, folded: 1_000_000 - 2}, b.stockRow(t, "SKU-1"))
+	require.Equal(t, 1, b.count(t, "SELECT count(*) FROM stock_moves"), "only the locked move is left")
+
+	out := b.handle(t, created("m-3", "o-3"))
+	require.Equal(t, orders.ResultConfirmed, out[0].Result)
+	require.Equal(t, 1_000_000-3, b.stockRow(t, "SKU-1").available)
+}
