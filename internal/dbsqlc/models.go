@@ -265,6 +265,7 @@ type StockLevel struct {
 	Folded    int32
 	Unfolded  int32
 	UpdatedAt time.Time
+	LastMove  int64
 }
 
 type StockMove struct {
