@@ -58,7 +58,13 @@ END;
 $$;
 -- +goose StatementEnd
 
+-- stock_level_check reads a level through stock_levels with plans kept the
+-- same way, in the sessions of owners and of earlier builds that lower
+-- stock.available directly.
+ALTER FUNCTION stock_level_check() SET enable_seqscan = off;
+
 -- +goose Down
+ALTER FUNCTION stock_level_check() RESET enable_seqscan;
 -- +goose StatementBegin
 CREATE OR REPLACE FUNCTION stock_moves_chain() RETURNS trigger
 LANGUAGE plpgsql
