@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/orderconfirm/inboxd/internal/orders"
+	"github.com/orderconfirm/inboxd/internal/testenv"
 	"github.com/orderconfirm/inboxd/migrations"
 )
 
@@ -278,18 +279,9 @@ func TestMoveLookUpsStayByIndexAfterAVacuumOfAnEmptyTable(t *testing.T) {
 	require.NoError(t, err)
 	conn := b.db.Session(t)
 	seqRead := func() int {
-		t.Helper()
-		// A backend reports its counters at the end of a transaction at
-		// most once a second, unless asked to at the next one.
-		_, err := conn.Exec(t.Context(), "SELECT pg_stat_force_next_flush()")
-		require.NoError(t, err)
-		_, err = conn.Exec(t.Context(), "SELECT pg_stat_clear_snapshot()")
-		require.NoError(t, err)
-		var n int
-		require.NoError(t, conn.QueryRow(t.Context(), `
+		return testenv.SessionStat(t, conn, `
 			SELECT coalesce(seq_tup_read, 0)::int FROM pg_stat_user_tables
-			WHERE schemaname = current_schema() AND relname = 'stock_moves'`).Scan(&n))
-		return n
+			WHERE schemaname = current_schema() AND relname = 'stock_moves'`)
 	}
 	before := seqRead()
 	for range 300 {

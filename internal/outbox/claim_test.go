@@ -8,6 +8,7 @@ import (
 
 	"github.com/orderconfirm/inboxd/internal/dbsqlc"
 	"github.com/orderconfirm/inboxd/internal/pipeline"
+	"github.com/orderconfirm/inboxd/internal/testenv"
 )
 
 // A claim looks up each candidate's earlier open rows among its own
@@ -44,18 +45,9 @@ func TestAClaimReadsOnlyItsOrdersRows(t *testing.T) {
 			}
 			conn := b.db.SessionWith(t, pipeline.ConfigureSession)
 			read := func() int {
-				t.Helper()
-				// A backend reports its counters at the end of a transaction
-				// at most once a second, unless asked to at the next one.
-				_, err := conn.Exec(t.Context(), "SELECT pg_stat_force_next_flush()")
-				require.NoError(t, err)
-				_, err = conn.Exec(t.Context(), "SELECT pg_stat_clear_snapshot()")
-				require.NoError(t, err)
-				var n int
-				require.NoError(t, conn.QueryRow(t.Context(), `
+				return testenv.SessionStat(t, conn, `
 					SELECT coalesce(sum(idx_tup_read), 0)::int FROM pg_stat_user_indexes
-					WHERE schemaname = current_schema() AND relname = 'outbox'`).Scan(&n))
-				return n
+					WHERE schemaname = current_schema() AND relname = 'outbox'`)
 			}
 			before := read()
 			tx, err := conn.Begin(t.Context())

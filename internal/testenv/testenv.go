@@ -287,6 +287,25 @@ func (db *DB) Int(tb testing.TB, query string, args ...any) int {
 	return n
 }
 
+// SessionStat runs query, a read of the cumulative statistics views
+// (pg_stat_user_tables, pg_stat_user_indexes), on conn and returns its
+// single integer value, counting everything conn has done: a backend
+// reports its counters at the end of a transaction at most once a second,
+// so conn is asked to report them at its next one first, and the views
+// are read afresh. Tests count what a statement read this way (index
+// entries, rows of sequential scans), not how long it took.
+func SessionStat(tb testing.TB, conn *pgx.Conn, query string) int {
+	tb.Helper()
+	ctx := context.WithoutCancel(tb.Context())
+	_, err := conn.Exec(ctx, "SELECT pg_stat_force_next_flush()")
+	require.NoError(tb, err)
+	_, err = conn.Exec(ctx, "SELECT pg_stat_clear_snapshot()")
+	require.NoError(tb, err)
+	var n int
+	require.NoError(tb, conn.QueryRow(ctx, query).Scan(&n))
+	return n
+}
+
 // sweepStale removes schemas and virtual hosts left behind by runs that were
 // killed before their cleanups ran.
 func sweepStale(s *serverSet) {
