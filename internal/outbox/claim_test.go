@@ -27,20 +27,25 @@ import (
 // than it was, and it is not asserted here.
 func TestAClaimReadsOnlyItsOrdersRows(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	db := testenv.NewDB(t) // the claim alone: no broker
+	exec := func(sql string, args ...any) {
+		t.Helper()
+		_, err := db.Pool.Exec(t.Context(), sql, args...)
+		require.NoError(t, err)
+	}
 	const orders = 300
-	b.exec(t, `
+	exec(`
 		INSERT INTO outbox (idempotency_key, message_id, routing_key, payload, order_key)
 		SELECT 'p-' || i || ':order.confirmed', 'p-' || i, 'order.confirmed', '{}', gen_random_uuid()::text
 		FROM generate_series(1, 20000) AS i ORDER BY i`)
-	b.exec(t, "UPDATE outbox SET published_at = now()")
-	b.exec(t, "SELECT setval('outbox_claim_floor_seq', (SELECT max(id) FROM outbox))")
-	b.exec(t, `
+	exec("UPDATE outbox SET published_at = now()")
+	exec("SELECT setval('outbox_claim_floor_seq', (SELECT max(id) FROM outbox))")
+	exec(`
 		INSERT INTO outbox (idempotency_key, message_id, routing_key, payload, order_key)
 		SELECT 'c-' || i || ':order.confirmed', 'c-' || i, 'order.confirmed', '{}', gen_random_uuid()::text
 		FROM generate_series(1, $1) AS i ORDER BY i`, orders)
-	b.exec(t, "ANALYZE outbox")
-	conn := b.db.SessionWith(t, pipeline.ConfigureSession)
+	exec("ANALYZE outbox")
+	conn := db.SessionWith(t, pipeline.ConfigureSession)
 	read := func() int {
 		return testenv.SessionStat(t, conn, `
 			SELECT coalesce(sum(idx_tup_read), 0)::int FROM pg_stat_user_indexes
