@@ -73,13 +73,15 @@ WHERE id IN (
 -- JanitorDeleteUndeliverable deletes up to max_rows replies that ended
 -- undeliverable (their requester was gone) more than older_than_seconds
 -- ago. They are never published, so JanitorDeletePublished leaves them.
+-- Oldest end first, in outbox_undeliverable_idx's order: the pass reads no
+-- other row's entry (see migration 00028).
 DELETE FROM outbox
 WHERE id IN (
     SELECT id FROM outbox
     WHERE published_at IS NULL
       AND reply_to IS NOT NULL
       AND dead_at < now() - make_interval(secs => sqlc.arg(older_than_seconds)::float8)
-    ORDER BY id
+    ORDER BY dead_at
     LIMIT sqlc.arg(max_rows)
     FOR UPDATE SKIP LOCKED
 );

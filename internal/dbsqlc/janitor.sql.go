@@ -180,7 +180,7 @@ WHERE id IN (
     WHERE published_at IS NULL
       AND reply_to IS NOT NULL
       AND dead_at < now() - make_interval(secs => $1::float8)
-    ORDER BY id
+    ORDER BY dead_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
 )
@@ -194,6 +194,8 @@ type JanitorDeleteUndeliverableParams struct {
 // JanitorDeleteUndeliverable deletes up to max_rows replies that ended
 // undeliverable (their requester was gone) more than older_than_seconds
 // ago. They are never published, so JanitorDeletePublished leaves them.
+// Oldest end first, in outbox_undeliverable_idx's order: the pass reads no
+// other row's entry (see migration 00028).
 func (q *Queries) JanitorDeleteUndeliverable(ctx context.Context, db DBTX, arg JanitorDeleteUndeliverableParams) (int64, error) {
 	result, err := db.Exec(ctx, janitorDeleteUndeliverable, arg.OlderThanSeconds, arg.MaxRows)
 	if err != nil {
