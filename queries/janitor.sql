@@ -73,8 +73,8 @@ WHERE id IN (
 -- JanitorDeleteUndeliverable deletes up to max_rows replies that ended
 -- undeliverable (their requester was gone) more than older_than_seconds
 -- ago. They are never published, so JanitorDeletePublished leaves them.
--- Oldest end first, in outbox_undeliverable_idx's order: the pass reads no
--- other row's entry (see migration 00028).
+-- Oldest end first, in outbox_dead_at_idx's order: the pass reads the dead
+-- rows' entries and no others (see migration 00028).
 DELETE FROM outbox
 WHERE id IN (
     SELECT id FROM outbox

@@ -73,7 +73,7 @@ func TestConcurrentIndexesBuildOnALargeOutbox(t *testing.T) {
 	require.True(t, ok, "migrate completes: %s", out)
 	t.Logf("migrations 00010 to the last applied in %s", time.Since(started).Round(time.Millisecond))
 	require.Equal(t, 4, validIndexes(t, db, "outbox_published_at_idx", "outbox_order_key_unpublished_idx",
-		"outbox_dead_order_key_idx", "outbox_undeliverable_idx"))
+		"outbox_dead_order_key_idx", "outbox_dead_at_idx"))
 }
 
 // Acceptance: an INVALID index (a concurrent build that failed) makes

@@ -23,29 +23,17 @@ func TestTheUndeliverablePassReadsOnlyUndeliverableReplies(t *testing.T) {
 	t.Parallel()
 	db := testenv.NewDB(t)
 	ctx := t.Context()
-	exec := func(sql string, args ...any) {
-		t.Helper()
-		_, err := db.Pool.Exec(ctx, sql, args...)
-		require.NoError(t, err)
-	}
-
-	held, err := db.Session(t).Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = held.Rollback(ctx) }()
-	_, err = held.Exec(ctx, "SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
-	require.NoError(t, err)
-	_, err = held.Exec(ctx, "SELECT count(*) FROM outbox") // its snapshot, held from here
-	require.NoError(t, err)
+	db.HoldSnapshot(t)
 
 	const published, undeliverable = 20000, 10
-	exec(`
+	db.Exec(t, `
 		INSERT INTO outbox (idempotency_key, message_id, routing_key, payload, order_key)
 		SELECT 'p-' || i || ':order.confirmed', 'p-' || i, 'order.confirmed', '{}', 'order-' || i
 		FROM generate_series(1, $1) AS i ORDER BY i`, published)
-	exec("UPDATE outbox SET published_at = now()")
+	db.Exec(t, "UPDATE outbox SET published_at = now()")
 	// Replies whose requester was gone: old ones past the retention, and as
 	// many young ones that stay.
-	exec(`
+	db.Exec(t, `
 		INSERT INTO outbox (idempotency_key, message_id, routing_key, payload, reply_to, dead_at)
 		SELECT 'r-' || i || ':reply', 'r-' || i, 'reply', '{}', 'gone', now() - CASE WHEN i % 2 = 0 THEN interval '2 days' ELSE interval '1 minute' END
 		FROM generate_series(1, $1) AS i ORDER BY i`, 2*undeliverable)
@@ -70,7 +58,7 @@ func TestTheUndeliverablePassReadsOnlyUndeliverableReplies(t *testing.T) {
 			"%s: the pass reads the undeliverable replies' entries, not those of the rows published under the held snapshot", what)
 	}
 	pass("without statistics", undeliverable)
-	exec("ANALYZE outbox")
+	db.Exec(t, "ANALYZE outbox")
 	pass("analyzed, with nothing left to delete", 0)
 	require.Equal(t, undeliverable, db.Int(t, "SELECT count(*) FROM outbox WHERE reply_to IS NOT NULL"))
 }

@@ -279,6 +279,28 @@ func (db *DB) SessionWith(tb testing.TB, configure func(*pgx.ConnConfig)) *pgx.C
 	return conn
 }
 
+// Exec runs sql and fails the test on an error.
+func (db *DB) Exec(tb testing.TB, sql string, args ...any) {
+	tb.Helper()
+	_, err := db.Pool.Exec(context.WithoutCancel(tb.Context()), sql, args...)
+	require.NoError(tb, err)
+}
+
+// HoldSnapshot opens a REPEATABLE READ transaction on a session of its own
+// and takes its snapshot, held until the test ends: as an analytics query,
+// pg_dump or a standby's feedback holds one, vacuum may remove no row
+// version that ends after it, and the index entries of every row that
+// ends from here on stay.
+func (db *DB) HoldSnapshot(tb testing.TB) {
+	tb.Helper()
+	ctx := context.WithoutCancel(tb.Context())
+	tx, err := db.Session(tb).BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	require.NoError(tb, err)
+	tb.Cleanup(func() { _ = tx.Rollback(context.Background()) })
+	_, err = tx.Exec(ctx, "SELECT 1") // the snapshot, taken by the first statement
+	require.NoError(tb, err)
+}
+
 // Int runs query and returns its single integer value.
 func (db *DB) Int(tb testing.TB, query string, args ...any) int {
 	tb.Helper()
