@@ -406,3 +406,10 @@ SELECT pg_advisory_lock(sqlc.arg(session)::bigint);
 -- statement of its own, under READ COMMITTED.
 SELECT r.floor::bigint AS floor, r.next_last::bigint AS next_last, r.next_inserters::text[] AS next_inserters
 FROM inbox_claim_floor_raise(sqlc.narg(noted_last)::bigint, sqlc.narg(noted_inserters)::text[]) AS r;
+
+-- name: InboxClaimFloorAudit :one
+-- InboxClaimFloorAudit looks under the inbox's claim floor for a pending
+-- message, which no claim would find, and lowers the floor to the oldest
+-- one (claim_floor_audit). It returns that message's id, or 0 when there is
+-- none, as there should never be.
+SELECT coalesce(claim_floor_audit('inbox'), 0)::bigint AS stranded;

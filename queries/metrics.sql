@@ -2,16 +2,20 @@
 
 -- name: MetricsGauges :one
 -- MetricsGauges reads the gauges /metrics reports, each through a partial
--- index so that a scrape stays cheap however large the tables grow.
+-- index so that a scrape stays cheap however large the tables grow. The
+-- pending messages are counted from the inbox's claim floor, and the
+-- outbox's rows through outbox_backlog: under the floors every row has
+-- ended, and the ended rows' entries a snapshot held open keeps in the
+-- partial indexes are not read.
 SELECT
-    (SELECT count(*) FROM inbox WHERE status = 'pending')::bigint AS pending,
+    (SELECT count(*) FROM inbox WHERE status = 'pending' AND id >= inbox_claim_floor())::bigint AS pending,
     (SELECT count(*) FROM inbox WHERE status = 'dead')::bigint AS dead,
     coalesce((SELECT extract(epoch FROM now() - i.received_at)
-              FROM inbox i WHERE i.status = 'pending' ORDER BY i.id LIMIT 1), 0)::float8 AS oldest_pending_seconds,
-    (SELECT count(*) FROM outbox WHERE published_at IS NULL AND reply_to IS NULL)::bigint AS outbox_backlog,
-    (SELECT count(*) FROM outbox WHERE published_at IS NULL AND dead_at IS NOT NULL AND reply_to IS NULL)::bigint AS outbox_dead,
-    (SELECT count(*) FROM outbox WHERE published_at IS NULL AND dead_at IS NULL AND reply_to IS NOT NULL)::bigint AS replies_unpublished,
-    (SELECT count(*) FROM outbox WHERE published_at IS NULL AND dead_at IS NOT NULL AND reply_to IS NOT NULL)::bigint AS replies_undeliverable,
+              FROM inbox i WHERE i.status = 'pending' AND i.id >= inbox_claim_floor() ORDER BY i.id LIMIT 1), 0)::float8 AS oldest_pending_seconds,
+    b.unpublished::bigint AS outbox_backlog,
+    b.dead::bigint AS outbox_dead,
+    b.replies_unpublished::bigint AS replies_unpublished,
+    b.replies_undeliverable::bigint AS replies_undeliverable,
     coalesce((SELECT extract(epoch FROM now() - g.opened_at)
               FROM inbox_key_generations g WHERE g.closed_at IS NULL), 0)::float8 AS key_generation_seconds,
     -- The oldest move not folded yet: each SKU's first move past its fold,
@@ -21,7 +25,8 @@ SELECT
               FROM stock s
               CROSS JOIN LATERAL (SELECT f.moved_at FROM stock_moves f
                                   WHERE f.sku = s.sku AND f.id > s.folded_through
-                                  ORDER BY f.id LIMIT 1) m), 0)::float8 AS stock_unfolded_seconds;
+                                  ORDER BY f.id LIMIT 1) m), 0)::float8 AS stock_unfolded_seconds
+FROM outbox_backlog b;
 
 -- name: MetricsTryGaugeLock :one
 -- MetricsTryGaugeLock tries to take, for the session, the advisory lock

@@ -130,3 +130,9 @@ WHERE id = ANY(@ids::bigint[]);
 -- the floor.
 SELECT r.floor::bigint AS floor, r.next_last::bigint AS next_last, r.next_inserters::text[] AS next_inserters
 FROM outbox_claim_floor_raise(sqlc.narg(noted_last)::bigint, sqlc.narg(noted_inserters)::text[]) AS r;
+
+-- name: OutboxClaimFloorAudit :one
+-- OutboxClaimFloorAudit does for the outbox what InboxClaimFloorAudit does
+-- for the inbox: it looks for a row neither published nor dead under the
+-- floor.
+SELECT coalesce(claim_floor_audit('outbox'), 0)::bigint AS stranded;

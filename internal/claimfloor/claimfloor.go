@@ -37,15 +37,32 @@ type Note struct {
 // only notes.
 type Raise func(ctx context.Context, note Note) (floor int64, next Note, err error)
 
-// Keeper raises one floor at every Interval until its context ends. Any
-// number of Keepers, in any number of processes, may raise the same floor:
-// each raise is safe on its own.
+// AuditIntervalDefault is how often a Keeper audits its floor.
+const AuditIntervalDefault = time.Minute
+
+// Audit looks under a floor for a row still open, which no claim would
+// find, lowers the floor to the oldest such row and returns its id, or 0
+// when there is none. There should never be one; a dump restored with
+// floors past its open rows, or a fault in the floors, leaves one.
+type Audit func(ctx context.Context) (stranded int64, err error)
+
+// Keeper raises one floor at every Interval until its context ends, and
+// audits it at every AuditInterval, the first time at once. Any number of
+// Keepers, in any number of processes, may raise and audit the same floor:
+// each raise and each audit is safe on its own.
 type Keeper struct {
+	// Table names the floor's table in the logs.
+	Table string
 	// Raise is the statement that raises the floor.
 	Raise Raise
+	// Audit, when set, is the statement that audits the floor.
+	Audit Audit
 	// Interval defaults to IntervalDefault.
 	Interval time.Duration
-	// Logger receives the failures.
+	// AuditInterval defaults to AuditIntervalDefault.
+	AuditInterval time.Duration
+	// Logger receives the failures, and each row an audit finds, as an
+	// error.
 	Logger *slog.Logger
 }
 
@@ -60,10 +77,15 @@ func (k *Keeper) Run(ctx context.Context) {
 	if logger == nil {
 		logger = slog.Default()
 	}
+	auditInterval := k.AuditInterval
+	if auditInterval <= 0 {
+		auditInterval = AuditIntervalDefault
+	}
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	failures := retry.Failures{Policy: retry.Transient}
 	var note Note
+	var audited time.Time
 	for ctx.Err() == nil {
 		_, next, err := k.Raise(ctx, note)
 		if err != nil {
@@ -74,12 +96,39 @@ func (k *Keeper) Run(ctx context.Context) {
 		}
 		failures.Reset()
 		note = next
+		if k.Audit != nil && time.Since(audited) >= auditInterval {
+			audited = time.Now()
+			k.audit(ctx, logger)
+		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-tick.C:
 		}
 	}
+}
+
+// audit runs one audit and logs what it found. A failed audit is logged
+// and runs again at the next AuditInterval: it never holds the raises up.
+func (k *Keeper) audit(ctx context.Context, logger *slog.Logger) {
+	stranded, err := k.Audit(ctx)
+	switch {
+	case err != nil && ctx.Err() == nil:
+		logger.Warn("auditing the claim floor failed", slog.String("table", k.Table), slog.String("error", err.Error()))
+	case stranded > 0:
+		logger.Error("a row was open under the claim floor, where no claim looks: the floor is lowered to it",
+			slog.String("table", k.Table), slog.Int64("id", stranded))
+	}
+}
+
+// InboxAudit returns the Audit of the inbox's floor, through db.
+func InboxAudit(db dbsqlc.DBTX) Audit {
+	return func(ctx context.Context) (int64, error) { return dbsqlc.New().InboxClaimFloorAudit(ctx, db) }
+}
+
+// OutboxAudit returns the Audit of the outbox's floor, through db.
+func OutboxAudit(db dbsqlc.DBTX) Audit {
+	return func(ctx context.Context) (int64, error) { return dbsqlc.New().OutboxClaimFloorAudit(ctx, db) }
 }
 
 // Inbox returns the Raise of the inbox's floor, through db.

@@ -1,9 +1,13 @@
 package claimfloor_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"log/slog"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -317,4 +321,104 @@ func TestAClaimUnderAnOldSnapshotSkipsTheEndedRows(t *testing.T) {
 			})
 		}
 	}
+}
+
+// A row left open under its floor, where no claim looks (here as a dump
+// restored with its floors past its open rows leaves it), is found by the
+// keeper's audit, which lowers the floor to it: the claims then take it,
+// and the gauges, which count from the floor, count it. The audit finds
+// nothing once the floor is where it should be, and a floor above only
+// ended rows is left where it is.
+func TestTheAuditFindsARowLeftUnderTheFloor(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct {
+		table string
+		seq   string
+		audit func(dbsqlc.DBTX) claimfloor.Audit
+		raise func(dbsqlc.DBTX) claimfloor.Raise
+		rows  func(t *testing.T, db *testenv.DB) // 100 ended rows, then 3 open ones
+		claim func(t *testing.T, db dbsqlc.DBTX) []int64
+	}{
+		{"inbox", "inbox_claim_floor_seq", claimfloor.InboxAudit, claimfloor.Inbox, func(t *testing.T, db *testenv.DB) {
+			processed(t, db.Pool, 100, "ended")
+			for i := range 3 {
+				testfactory.InboxRow(t.Context(), t, db.Pool, &testfactory.InboxRowOpts{MessageID: fmt.Sprintf("open-%d", i)})
+			}
+		}, claimInbox},
+		{"outbox", "outbox_claim_floor_seq", claimfloor.OutboxAudit, claimfloor.Outbox, func(t *testing.T, db *testenv.DB) {
+			outboxRows(t, db.Pool, "ended", 100)
+			_, err := db.Pool.Exec(t.Context(), "UPDATE outbox SET published_at = now()")
+			require.NoError(t, err)
+			outboxRows(t, db.Pool, "open", 3)
+		}, claimOutbox},
+	} {
+		t.Run(c.table, func(t *testing.T) {
+			t.Parallel()
+			db := testenv.NewDB(t)
+			ctx := t.Context()
+			c.rows(t, db)
+			first := int64(db.Int(t, "SELECT min(id) FROM "+c.table+" WHERE id > (SELECT max(id) - 3 FROM "+c.table+")"))
+			k := &keeper{raise: c.raise(db.Pool)}
+			require.Equal(t, first, k.settle(t), "the floor rises to the first open row")
+			stranded, err := c.audit(db.Pool)(ctx)
+			require.NoError(t, err)
+			require.Zero(t, stranded, "nothing is open under a floor the keeper raised")
+			require.Equal(t, first, k.settle(t), "the audit leaves a sound floor where it is")
+
+			// The restore: the floor past the open rows.
+			db.Int(t, "SELECT setval($1::regclass, $2)", c.seq, first+10)
+			require.Empty(t, c.claim(t, db.Pool), "no claim looks under the floor")
+
+			stranded, err = c.audit(db.Pool)(ctx)
+			require.NoError(t, err)
+			require.Equal(t, first, stranded, "the audit finds the oldest row open under the floor")
+			require.Equal(t, first, int64(db.Int(t, "SELECT last_value FROM "+c.seq)), "and lowers the floor to it")
+			require.Len(t, c.claim(t, db.Pool), 3, "the claims take the rows again")
+		})
+	}
+}
+
+// The keeper audits its floor when it starts, then at every
+// AuditInterval, and logs each row it finds as an error.
+func TestTheKeeperAuditsItsFloor(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	testfactory.InboxRow(t.Context(), t, db.Pool, &testfactory.InboxRowOpts{MessageID: "stranded"})
+	db.Int(t, "SELECT setval('inbox_claim_floor_seq', 1000)")
+
+	var logs lockedBuffer
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		k := &claimfloor.Keeper{Table: "inbox", Raise: claimfloor.Inbox(db.Pool), Audit: claimfloor.InboxAudit(db.Pool),
+			Interval: 10 * time.Millisecond, AuditInterval: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))}
+		k.Run(ctx)
+	}()
+	defer func() { cancel(); <-done }()
+	require.Eventually(t, func() bool { return len(claimInbox(t, db.Pool)) == 1 }, 10*time.Second, 20*time.Millisecond,
+		"the keeper's audit lowers the floor to the stranded message, and the claims take it")
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "a row was open under the claim floor") }, 10*time.Second, 20*time.Millisecond,
+		"the keeper logs what its audit found")
+	require.Contains(t, logs.String(), "level=ERROR")
+	require.Contains(t, logs.String(), "table=inbox id=")
+}
+
+// lockedBuffer is a log sink that a keeper's goroutine writes while the
+// test reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

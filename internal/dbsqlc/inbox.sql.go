@@ -93,6 +93,21 @@ func (q *Queries) InboxClaimBatch(ctx context.Context, db DBTX, arg InboxClaimBa
 	return items, nil
 }
 
+const inboxClaimFloorAudit = `-- name: InboxClaimFloorAudit :one
+SELECT coalesce(claim_floor_audit('inbox'), 0)::bigint AS stranded
+`
+
+// InboxClaimFloorAudit looks under the inbox's claim floor for a pending
+// message, which no claim would find, and lowers the floor to the oldest
+// one (claim_floor_audit). It returns that message's id, or 0 when there is
+// none, as there should never be.
+func (q *Queries) InboxClaimFloorAudit(ctx context.Context, db DBTX) (int64, error) {
+	row := db.QueryRow(ctx, inboxClaimFloorAudit)
+	var stranded int64
+	err := row.Scan(&stranded)
+	return stranded, err
+}
+
 const inboxClaimFloorRaise = `-- name: InboxClaimFloorRaise :one
 SELECT r.floor::bigint AS floor, r.next_last::bigint AS next_last, r.next_inserters::text[] AS next_inserters
 FROM inbox_claim_floor_raise($1::bigint, $2::text[]) AS r

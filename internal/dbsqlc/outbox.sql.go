@@ -161,6 +161,20 @@ func (q *Queries) OutboxClaimBatch(ctx context.Context, db DBTX, arg OutboxClaim
 	return items, nil
 }
 
+const outboxClaimFloorAudit = `-- name: OutboxClaimFloorAudit :one
+SELECT coalesce(claim_floor_audit('outbox'), 0)::bigint AS stranded
+`
+
+// OutboxClaimFloorAudit does for the outbox what InboxClaimFloorAudit does
+// for the inbox: it looks for a row neither published nor dead under the
+// floor.
+func (q *Queries) OutboxClaimFloorAudit(ctx context.Context, db DBTX) (int64, error) {
+	row := db.QueryRow(ctx, outboxClaimFloorAudit)
+	var stranded int64
+	err := row.Scan(&stranded)
+	return stranded, err
+}
+
 const outboxClaimFloorRaise = `-- name: OutboxClaimFloorRaise :one
 SELECT r.floor::bigint AS floor, r.next_last::bigint AS next_last, r.next_inserters::text[] AS next_inserters
 FROM outbox_claim_floor_raise($1::bigint, $2::text[]) AS r
