@@ -20,7 +20,8 @@
 -- claim finds, would show as an oldest pending that kept growing. The
 -- audit below does better: it finds such a row and lowers the floor to it,
 -- so that the claims (and the counts) find it again; the service runs it
--- every minute and logs each row it finds as an error.
+-- when it starts and every ten minutes, and logs each row it finds as an
+-- error.
 CREATE OR REPLACE VIEW outbox_backlog AS
 WITH open AS (
     SELECT count(*) FILTER (WHERE reply_to IS NULL)                            AS events,
@@ -55,7 +56,7 @@ FROM open, dead;
 -- between its reading the floor and its reading the rows: a row it finds
 -- was open under the floor, not passed by a raise after the snapshot. Its
 -- scan reads the ended rows' entries under the floor, which a snapshot
--- held open keeps: once a minute, not at every scrape.
+-- held open keeps: once every ten minutes, not at every scrape.
 -- +goose StatementBegin
 CREATE FUNCTION claim_floor_audit(tbl text) RETURNS bigint
 LANGUAGE plpgsql

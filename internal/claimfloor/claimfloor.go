@@ -37,8 +37,13 @@ type Note struct {
 // only notes.
 type Raise func(ctx context.Context, note Note) (floor int64, next Note, err error)
 
-// AuditIntervalDefault is how often a Keeper audits its floor.
-const AuditIntervalDefault = time.Minute
+// AuditIntervalDefault is how often a Keeper audits its floor. An audit
+// reads the entries under the floor that vacuum has not removed: under a
+// snapshot held open, those of every row ended since it began (2 minutes
+// into a hold at 1,000 orders/s, up to 24,000 buffers and 0.5 s). Rare
+// enough that this stays small beside the flow, often enough that a row
+// left under the floor waits minutes, not hours.
+const AuditIntervalDefault = 10 * time.Minute
 
 // Audit looks under a floor for a row still open, which no claim would
 // find, lowers the floor to the oldest such row and returns its id, or 0
