@@ -38,7 +38,7 @@ func validIndexes(t *testing.T, db *testenv.DB, names ...string) int {
 }
 
 // Acceptance: on an outbox of 2,000,000 rows, the migrations that build
-// indexes concurrently (00010, 00011, 00024, 00028) complete although
+// indexes concurrently (00010, 00011, 00024, 00028, 00030) complete although
 // INBOX_STATEMENT_TIMEOUT is 1s: the migration session has no
 // statement_timeout.
 func TestConcurrentIndexesBuildOnALargeOutbox(t *testing.T) {
@@ -72,8 +72,9 @@ func TestConcurrentIndexesBuildOnALargeOutbox(t *testing.T) {
 	out, ok := runInboxd(t, "migrate", "DATABASE_URL="+db.URL, "INBOX_STATEMENT_TIMEOUT=1s", slowLocks)
 	require.True(t, ok, "migrate completes: %s", out)
 	t.Logf("migrations 00010 to the last applied in %s", time.Since(started).Round(time.Millisecond))
-	require.Equal(t, 4, validIndexes(t, db, "outbox_published_at_idx", "outbox_order_key_unpublished_idx",
-		"outbox_dead_order_key_idx", "outbox_dead_at_idx"))
+	require.Equal(t, 5, validIndexes(t, db, "outbox_published_at_idx", "outbox_order_key_unpublished_idx",
+		"outbox_dead_order_key_idx", "outbox_dead_at_idx", "outbox_open_idx"))
+	require.Zero(t, validIndexes(t, db, "outbox_unpublished_idx"), "migration 00030 drops the index it replaces")
 }
 
 // Acceptance: an INVALID index (a concurrent build that failed) makes
