@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/require"
 
 	"github.com/orderconfirm/inboxd/internal/claimfloor"
@@ -334,7 +335,7 @@ func TestTheAuditFindsARowLeftUnderTheFloor(t *testing.T) {
 	for _, c := range []struct {
 		table string
 		seq   string
-		audit func(dbsqlc.DBTX) claimfloor.Audit
+		audit func(claimfloor.Beginner, time.Duration) claimfloor.Audit
 		raise func(dbsqlc.DBTX) claimfloor.Raise
 		rows  func(t *testing.T, db *testenv.DB) // 100 ended rows, then 3 open ones
 		claim func(t *testing.T, db dbsqlc.DBTX) []int64
@@ -360,7 +361,7 @@ func TestTheAuditFindsARowLeftUnderTheFloor(t *testing.T) {
 			first := int64(db.Int(t, "SELECT min(id) FROM "+c.table+" WHERE id > (SELECT max(id) - 3 FROM "+c.table+")"))
 			k := &keeper{raise: c.raise(db.Pool)}
 			require.Equal(t, first, k.settle(t), "the floor rises to the first open row")
-			stranded, err := c.audit(db.Pool)(ctx)
+			stranded, err := c.audit(db.Pool, time.Minute)(ctx)
 			require.NoError(t, err)
 			require.Zero(t, stranded, "nothing is open under a floor the keeper raised")
 			require.Equal(t, first, k.settle(t), "the audit leaves a sound floor where it is")
@@ -369,7 +370,7 @@ func TestTheAuditFindsARowLeftUnderTheFloor(t *testing.T) {
 			db.Int(t, "SELECT setval($1::regclass, $2)", c.seq, first+10)
 			require.Empty(t, c.claim(t, db.Pool), "no claim looks under the floor")
 
-			stranded, err = c.audit(db.Pool)(ctx)
+			stranded, err = c.audit(db.Pool, time.Minute)(ctx)
 			require.NoError(t, err)
 			require.Equal(t, first, stranded, "the audit finds the oldest row open under the floor")
 			require.Equal(t, first, int64(db.Int(t, "SELECT last_value FROM "+c.seq)), "and lowers the floor to it")
@@ -391,7 +392,7 @@ func TestTheKeeperAuditsItsFloor(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		k := &claimfloor.Keeper{Table: "inbox", Raise: claimfloor.Inbox(db.Pool), Audit: claimfloor.InboxAudit(db.Pool),
+		k := &claimfloor.Keeper{Table: "inbox", Raise: claimfloor.Inbox(db.Pool), Audit: claimfloor.InboxAudit(db.Pool, time.Minute),
 			Interval: 10 * time.Millisecond, AuditInterval: 50 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))}
 		k.Run(ctx)
 	}()
@@ -421,4 +422,41 @@ func (l *lockedBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+// Under a snapshot held open the audit's scan reads the entries of every
+// row ended since the hold began (28 s ten minutes into a hold at 1,000
+// orders/s): it gives up at its budget, changes nothing, and the keeper
+// says so and goes on raising the floor.
+func TestTheAuditGivesUpAtItsBudget(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	ctx := t.Context()
+	db.HoldSnapshot(t)
+	db.Exec(t, `INSERT INTO inbox (message_id, message_type, payload)
+		SELECT 'ended-' || g, 'order.created', '{}' FROM generate_series(1, 50000) g`)
+	db.Exec(t, "UPDATE inbox SET status = 'processed', processed_at = now()")
+	floor := db.Int(t, "SELECT setval('inbox_claim_floor_seq', (SELECT max(id) + 1 FROM inbox))")
+
+	_, err := claimfloor.InboxAudit(db.Pool, time.Millisecond)(ctx)
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	require.Equal(t, "57014", pgErr.Code, "the scan is cancelled at its statement_timeout")
+	require.Equal(t, floor, db.Int(t, "SELECT last_value FROM inbox_claim_floor_seq"))
+	stranded, err := claimfloor.InboxAudit(db.Pool, time.Minute)(ctx)
+	require.NoError(t, err, "the connection is sound after the cancel")
+	require.Zero(t, stranded)
+
+	var logs lockedBuffer
+	kctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		k := &claimfloor.Keeper{Table: "inbox", Raise: claimfloor.Inbox(db.Pool), Audit: claimfloor.InboxAudit(db.Pool, time.Millisecond),
+			Interval: 10 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil))}
+		k.Run(kctx)
+	}()
+	defer func() { cancel(); <-done }()
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "gave up at its budget") }, 10*time.Second, 20*time.Millisecond)
+	require.Contains(t, logs.String(), "level=INFO")
 }

@@ -63,7 +63,7 @@ func NewWorker(pool *pgxpool.Pool, cfg *WorkerConfig) (*Worker, error) {
 		wake:    make(chan struct{}, 1),
 		live:    newLiveness(),
 	}
-	w.floor = &claimfloor.Keeper{Table: "inbox", Raise: claimfloor.Inbox(pool), Audit: claimfloor.InboxAudit(pool), Logger: w.logger}
+	w.floor = &claimfloor.Keeper{Table: "inbox", Raise: claimfloor.Inbox(pool), Audit: claimfloor.InboxAudit(pool, claimfloor.AuditBudget), Logger: w.logger}
 	w.takeover = &takeover{
 		batchSize: c.BatchSize,
 		interval:  c.PollInterval,
