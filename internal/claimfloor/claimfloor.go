@@ -128,10 +128,11 @@ func (k *Keeper) audit(ctx context.Context, logger *slog.Logger) {
 	stranded, err := k.Audit(ctx)
 	var pgErr *pgconn.PgError
 	switch {
-	case err != nil && errors.As(err, &pgErr) && pgErr.Code == "57014": // query_canceled: the statement_timeout
-		logger.Info("the claim floor's audit gave up at its budget (a snapshot held open keeps the entries it reads); it runs again at the next interval",
-			slog.String("table", k.Table), slog.Duration("budget", AuditBudget))
-	case err != nil && ctx.Err() == nil:
+	case err != nil && ctx.Err() != nil: // the keeper stops
+	case errors.As(err, &pgErr) && pgErr.Code == "57014": // query_canceled: the statement_timeout
+		logger.Info("the claim floor's audit gave up at its budget (most likely a snapshot held open keeps the entries it reads); it runs again at the next interval",
+			slog.String("table", k.Table))
+	case err != nil:
 		logger.Warn("auditing the claim floor failed", slog.String("table", k.Table), slog.String("error", err.Error()))
 	case stranded > 0:
 		logger.Error("a row was open under the claim floor, where no claim looks: the floor is lowered to it",
@@ -153,16 +154,18 @@ func OutboxAudit(db Beginner, budget time.Duration) Audit {
 
 // Beginner begins transactions: a pool or a connection.
 type Beginner interface {
-	Begin(ctx context.Context) (pgx.Tx, error)
+	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
 }
 
-// audit runs query in a transaction of its own whose statements time out
+// audit runs query in a READ COMMITTED transaction of its own (the audit
+// takes a snapshot for each of its statements), whose statements time out
 // after budget: the server cancels the scan, and the connection stays
 // sound.
 func audit(db Beginner, budget time.Duration, query func(context.Context, dbsqlc.DBTX) (int64, error)) Audit {
 	return func(ctx context.Context) (stranded int64, err error) {
-		err = pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-			if _, err := tx.Exec(ctx, "SELECT set_config('statement_timeout', $1, true)", strconv.FormatInt(budget.Milliseconds(), 10)); err != nil {
+		err = pgx.BeginTxFunc(ctx, db, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+			ms := strconv.FormatInt(max(budget.Milliseconds(), 1), 10) // 0 would turn the timeout off
+			if _, err := tx.Exec(ctx, "SELECT set_config('statement_timeout', $1, true)", ms); err != nil {
 				return err
 			}
 			stranded, err = query(ctx, tx)
