@@ -117,6 +117,22 @@ WHERE id IN (
 -- 0 if none was due (see inbox_keys_rotate).
 SELECT coalesce(inbox_keys_rotate(make_interval(secs => sqlc.arg(dedupe_window_seconds)::float8)), 0)::bigint AS generation;
 
+-- name: JanitorSealKeys :one
+-- JanitorSealKeys seals the key ledger's hot part writing, if it has grown
+-- to an eighth of its slot and the other part is empty, and reports
+-- whether it did (see inbox_keys_seal).
+SELECT inbox_keys_seal()::boolean AS sealed;
+
+-- name: JanitorMergeKeys :one
+-- JanitorMergeKeys copies a sealed hot part's keys into their slot and
+-- returns how many, or -1 if no part was sealed (see inbox_keys_merge).
+SELECT coalesce(inbox_keys_merge(), -1)::bigint AS merged;
+
+-- name: JanitorEmptyKeys :one
+-- JanitorEmptyKeys truncates a hot part whose keys were merged into their
+-- slot, and reports whether it did (see inbox_keys_empty).
+SELECT inbox_keys_empty()::boolean AS emptied;
+
 -- name: JanitorKeysCoverWindow :one
 -- JanitorKeysCoverWindow reports whether the key ledger has remembered
 -- every id stored within the last dedupe window: it started at least that

@@ -34,6 +34,11 @@ func benchWindow(ctx context.Context, o *options, r *report) error {
 	w := loadgen.Generate(loadgen.Spec{Orders: 2 * perPhase, Seed: 5, Prefix: e.name, SKUs: o.skus})
 
 	phase := func(name string, msgs []loadgen.Message, processedBefore int) error {
+		// Each phase starts right after a checkpoint, so that both write the
+		// same share of full-page images.
+		if _, err := e.pool.Exec(ctx, "CHECKPOINT"); err != nil {
+			return err
+		}
 		walBefore, fpiBefore, err := walPosition(ctx, e)
 		if err != nil {
 			return err
@@ -79,25 +84,13 @@ func benchWindow(ctx context.Context, o *options, r *report) error {
 	}
 
 	perSlot := o.windowKeys / 8
-	// The current slot, which the flow writes, grows as it would: insert
-	// after insert. Its bytes per key are the ones a ledger has.
 	loadStarted := time.Now()
-	for done := 0; done < perSlot; done += 1_000_000 {
-		if _, err := e.pool.Exec(ctx, `INSERT INTO inbox_keys (slot, message_id)
-			SELECT 0, gen_random_uuid()::text FROM generate_series(1, $1::int)`, min(1_000_000, perSlot-done)); err != nil {
-			return fmt.Errorf("load keys: %w", err)
-		}
-	}
-	grown := time.Since(loadStarted)
-	var slotBytes int64
-	if err := e.pool.QueryRow(ctx, "SELECT pg_total_relation_size('inbox_keys_0')").Scan(&slotBytes); err != nil {
-		return err
-	}
-	perKey := float64(slotBytes) / float64(perSlot+perPhase)
-	// The seven others are full generations: each is built apart, indexed,
-	// and swapped in for its empty slot, which takes minutes where inserts
-	// into indexes larger than memory take an hour.
-	for slot := 1; slot < 8; slot++ {
+	// Every slot holds a full generation's share: each is built apart,
+	// indexed, and swapped in for its empty slot, which takes minutes where
+	// inserts into indexes larger than memory take an hour. The current
+	// slot (0) is as full as the others, as late in a generation, when its
+	// keys have come in by merges from the hot parts.
+	for slot := range 8 {
 		for _, stmt := range []string{
 			"CREATE TABLE inbox_keys_load (LIKE inbox_keys) WITH (autovacuum_freeze_min_age = 0)",
 			fmt.Sprintf("INSERT INTO inbox_keys_load SELECT %d, gen_random_uuid()::text FROM generate_series(1, %d)", slot, perSlot),
@@ -114,6 +107,19 @@ func benchWindow(ctx context.Context, o *options, r *report) error {
 			}
 		}
 	}
+	built := time.Since(loadStarted)
+	// The hot part writing grows insert after insert, as it does, to just
+	// under the size at which it is sealed (an eighth of its slot), so that
+	// the flow writes it at its largest.
+	hotKeys := max(perSlot/8-2*perPhase, 0)
+	for done := 0; done < hotKeys; done += 100_000 {
+		if _, err := e.pool.Exec(ctx, `INSERT INTO inbox_keys (slot, message_id)
+			SELECT (SELECT part FROM inbox_key_hot_parts WHERE state = 'writing'), gen_random_uuid()::text
+			FROM generate_series(1, $1::int)`, min(100_000, hotKeys-done)); err != nil {
+			return fmt.Errorf("load the hot part: %w", err)
+		}
+	}
+	grown := time.Since(loadStarted) - built
 	loaded := time.Since(loadStarted)
 	for slot := range 8 {
 		if _, err := e.pool.Exec(ctx, fmt.Sprintf("VACUUM (FREEZE, ANALYZE) inbox_keys_%d", slot)); err != nil {
@@ -123,18 +129,51 @@ func benchWindow(ctx context.Context, o *options, r *report) error {
 	if _, err := e.pool.Exec(ctx, "CHECKPOINT"); err != nil {
 		return err
 	}
-	var ledgerBytes int64
+	var ledgerBytes, slotBytes, slotKeys int64
 	if err := e.pool.QueryRow(ctx, `SELECT sum(pg_total_relation_size(format('inbox_keys_%s', s)::regclass))::bigint
-		FROM generate_series(0, 7) s`).Scan(&ledgerBytes); err != nil {
+		FROM generate_series(0, 9) s`).Scan(&ledgerBytes); err != nil {
 		return err
 	}
-	r.add("window: ledger loaded", "%d keys of 36 bytes, %d in the current slot by inserts (%s, %.1f bytes per key, heap and index), the others built apart (%s in all; vacuumed, frozen and checkpointed in %s more); the ledger %.1f GB",
-		8*perSlot, perSlot, grown.Round(time.Second), perKey, loaded.Round(time.Second), (time.Since(loadStarted) - loaded).Round(time.Second), float64(ledgerBytes)/1e9)
+	if err := e.pool.QueryRow(ctx, "SELECT pg_total_relation_size('inbox_keys_0'), count(*) FROM inbox_keys_0").Scan(&slotBytes, &slotKeys); err != nil {
+		return err
+	}
+	perKey := float64(slotBytes) / float64(slotKeys)
+	r.add("window: ledger loaded", "%d keys of 36 bytes in the slots, built apart (%s; %.1f bytes per key, heap and index), and %d in the hot part by inserts (%s); vacuumed, frozen and checkpointed in %s more; the ledger %.1f GB",
+		8*perSlot, built.Round(time.Second), perKey, hotKeys, grown.Round(time.Second), (time.Since(loadStarted) - loaded).Round(time.Second), float64(ledgerBytes)/1e9)
 	const day = 86_400_000 // orders a day at 1,000 a second
 	r.add("window: at 1,000 orders/s", "rows kept for INBOX_RETENTION %.0f bytes an order, a key %.0f bytes: "+
 		"the seed's day %.0f GB (rows and keys), a 7-day window of keys with a day of rows %.0f GB, order tables not counted",
 		kept, perKey, (kept+perKey)*day/1e9, (kept*day+perKey*7*day)/1e9)
-	return phase("full ledger", w.Messages[perPhase:], perPhase)
+	if err := phase("full ledger", w.Messages[perPhase:], perPhase); err != nil {
+		return err
+	}
+	// The hot part's keys then move into their slot: what that costs is
+	// the rest of a key's WAL. The service is stopped first, so that its
+	// janitor does not take the merge.
+	svc.stop()
+	if _, err := e.pool.Exec(ctx, "CHECKPOINT"); err != nil {
+		return err
+	}
+	walBefore, fpiBefore, err := walPosition(ctx, e)
+	if err != nil {
+		return err
+	}
+	started := time.Now()
+	var merged int64
+	if err := e.pool.QueryRow(ctx, "SELECT inbox_keys_seal(1, 0)::int, coalesce(inbox_keys_merge(), 0)").Scan(new(int), &merged); err != nil {
+		return fmt.Errorf("merge the hot part: %w", err)
+	}
+	took := time.Since(started)
+	walAfter, fpiAfter, err := walPosition(ctx, e)
+	if err != nil {
+		return err
+	}
+	if merged == 0 {
+		return fmt.Errorf("merge the hot part: nothing merged")
+	}
+	r.add("window: hot part merged", "%d keys into a slot of %d in %s, right after a checkpoint: %.0f bytes of WAL per key, %.3f full-page images per key",
+		merged, slotKeys, took.Round(time.Millisecond), float64(walAfter-walBefore)/float64(merged), float64(fpiAfter-fpiBefore)/float64(merged))
+	return nil
 }
 
 // walPosition is the server's WAL insert position, in bytes, and the

@@ -204,6 +204,19 @@ func (q *Queries) JanitorDeleteUndeliverable(ctx context.Context, db DBTX, arg J
 	return result.RowsAffected(), nil
 }
 
+const janitorEmptyKeys = `-- name: JanitorEmptyKeys :one
+SELECT inbox_keys_empty()::boolean AS emptied
+`
+
+// JanitorEmptyKeys truncates a hot part whose keys were merged into their
+// slot, and reports whether it did (see inbox_keys_empty).
+func (q *Queries) JanitorEmptyKeys(ctx context.Context, db DBTX) (bool, error) {
+	row := db.QueryRow(ctx, janitorEmptyKeys)
+	var emptied bool
+	err := row.Scan(&emptied)
+	return emptied, err
+}
+
 const janitorKeysCoverWindow = `-- name: JanitorKeysCoverWindow :one
 SELECT coalesce(inbox_keys_since() <= now() - make_interval(secs => $1::float8), false)::boolean AS covered
 `
@@ -219,6 +232,19 @@ func (q *Queries) JanitorKeysCoverWindow(ctx context.Context, db DBTX, dedupeWin
 	return covered, err
 }
 
+const janitorMergeKeys = `-- name: JanitorMergeKeys :one
+SELECT coalesce(inbox_keys_merge(), -1)::bigint AS merged
+`
+
+// JanitorMergeKeys copies a sealed hot part's keys into their slot and
+// returns how many, or -1 if no part was sealed (see inbox_keys_merge).
+func (q *Queries) JanitorMergeKeys(ctx context.Context, db DBTX) (int64, error) {
+	row := db.QueryRow(ctx, janitorMergeKeys)
+	var merged int64
+	err := row.Scan(&merged)
+	return merged, err
+}
+
 const janitorRotateKeys = `-- name: JanitorRotateKeys :one
 SELECT coalesce(inbox_keys_rotate(make_interval(secs => $1::float8)), 0)::bigint AS generation
 `
@@ -231,4 +257,18 @@ func (q *Queries) JanitorRotateKeys(ctx context.Context, db DBTX, dedupeWindowSe
 	var generation int64
 	err := row.Scan(&generation)
 	return generation, err
+}
+
+const janitorSealKeys = `-- name: JanitorSealKeys :one
+SELECT inbox_keys_seal()::boolean AS sealed
+`
+
+// JanitorSealKeys seals the key ledger's hot part writing, if it has grown
+// to an eighth of its slot and the other part is empty, and reports
+// whether it did (see inbox_keys_seal).
+func (q *Queries) JanitorSealKeys(ctx context.Context, db DBTX) (bool, error) {
+	row := db.QueryRow(ctx, janitorSealKeys)
+	var sealed bool
+	err := row.Scan(&sealed)
+	return sealed, err
 }

@@ -121,6 +121,13 @@ type InboxKeyGeneration struct {
 	ClosedAt   *time.Time
 }
 
+type InboxKeyHotPart struct {
+	Part  int16
+	State string
+	Slot  pgtype.Int2
+	Since time.Time
+}
+
 type InboxKeyLedger struct {
 	Generation int64
 	Slot       int16

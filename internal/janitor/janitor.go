@@ -168,13 +168,51 @@ func (j *Janitor) Stop(ctx context.Context) {
 	j.service.StopOrLog(ctx, j.logger)
 }
 
-// RunOnce rotates the key ledger if a rotation is due, then deletes, batch
-// after batch, every row past its retention, and returns how many of each
-// kind it deleted. Between two batches it pauses as long as the last one
+// tendHotParts moves the key ledger's sealed hot part into its slot and
+// empties it (migration 00031), so that a rotation or a seal finds the
+// other part empty. A part that cannot be emptied at once (a statement
+// reads it) is logged and emptied at a later cleanup; its keys are in
+// their slot meanwhile.
+func (j *Janitor) tendHotParts(ctx context.Context) error {
+	empty := func() error {
+		switch emptied, err := j.queries.JanitorEmptyKeys(ctx, j.pool); {
+		case err != nil && ctx.Err() != nil:
+			return ctx.Err()
+		case err != nil:
+			j.logger.Warn("key ledger: emptying a merged hot part failed, trying again at the next cleanup", slog.String("error", err.Error()))
+		case emptied:
+			j.logger.Debug("key ledger: merged hot part emptied")
+		}
+		return nil
+	}
+	if err := empty(); err != nil {
+		return err
+	}
+	started := time.Now()
+	merged, err := j.queries.JanitorMergeKeys(ctx, j.pool)
+	switch {
+	case err != nil && ctx.Err() != nil:
+		return ctx.Err()
+	case err != nil:
+		return fmt.Errorf("merge the key ledger's sealed hot part: %w", err)
+	case merged < 0:
+		return nil
+	}
+	j.logger.Info("key ledger: hot part merged into its slot", slog.Int64("keys", merged), slog.Duration("took", time.Since(started)))
+	return empty()
+}
+
+// RunOnce tends the key ledger (merges a sealed hot part into its slot,
+// rotates the generations if a rotation is due, seals the hot part if it
+// has grown), then deletes, batch after batch, every row past its
+// retention, and returns how many of each kind it deleted. Between two batches it pauses as long as the last one
 // took. It stops between batches when ctx ends. A rotation that fails (its
 // locks were not free at once) is logged and tried again the next time.
 func (j *Janitor) RunOnce(ctx context.Context) (Result, error) {
 	window := j.cfg.DedupeWindow.Seconds()
+	if err := j.tendHotParts(ctx); err != nil {
+		return Result{}, err
+	}
 	switch generation, err := j.queries.JanitorRotateKeys(ctx, j.pool, window); {
 	case err != nil && ctx.Err() != nil:
 		return Result{}, ctx.Err()
@@ -182,6 +220,14 @@ func (j *Janitor) RunOnce(ctx context.Context) (Result, error) {
 		j.logger.Warn("key ledger rotation failed, trying again at the next cleanup", slog.String("error", err.Error()))
 	case generation > 0:
 		j.logger.Info("key ledger rotated", slog.Int64("generation", generation))
+	}
+	switch sealed, err := j.queries.JanitorSealKeys(ctx, j.pool); {
+	case err != nil && ctx.Err() != nil:
+		return Result{}, ctx.Err()
+	case err != nil:
+		j.logger.Warn("key ledger: sealing the hot part failed, trying again at the next cleanup", slog.String("error", err.Error()))
+	case sealed:
+		j.logger.Info("key ledger: hot part sealed, to be merged into its slot")
 	}
 	retention, dead := j.cfg.Retention.Seconds(), j.cfg.DeadRetention.Seconds()
 	// Rows stored before the ledger started are the only record of their

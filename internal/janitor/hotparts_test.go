@@ -1,0 +1,237 @@
+package janitor_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
+	"github.com/stretchr/testify/require"
+
+	"github.com/orderconfirm/inboxd/internal/dbsqlc"
+	"github.com/orderconfirm/inboxd/internal/janitor"
+	"github.com/orderconfirm/inboxd/internal/testenv"
+	"github.com/orderconfirm/inboxd/internal/testfactory"
+	"github.com/orderconfirm/inboxd/migrations"
+)
+
+// hotParts lists the key ledger's hot parts as "part state slot".
+func hotParts(t *testing.T, db *testenv.DB) []string {
+	t.Helper()
+	return db.Strings(t, "SELECT part || ' ' || state || ' ' || coalesce(slot::text, '-') FROM inbox_key_hot_parts ORDER BY part")
+}
+
+// seal seals the hot part writing whatever its size, as inbox_keys_seal
+// does once it has grown.
+func seal(t *testing.T, db *testenv.DB) {
+	t.Helper()
+	require.Equal(t, 1, db.Int(t, "SELECT inbox_keys_seal(1, 0)::int"), "sealed")
+}
+
+// A key is a duplicate at every step of its way from the hot part to its
+// slot: written, sealed, merged (in both), emptied from the part; for
+// ingest, which asks the ledger itself, and for any other insert, which
+// the trigger checks. Keys stored meanwhile go to the other part.
+func TestAKeyIsADuplicateAtEveryStepOfItsHotPart(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	ctx := t.Context()
+	require.Equal(t, []string{"8 writing 0", "9 empty -"}, hotParts(t, db))
+	require.Equal(t, []string{"k-1"}, store(t, db.Pool, "k-1"))
+	exec(t, db.Pool, "DELETE FROM inbox") // its row left: only the ledger knows it
+	inPart := func(id string) string {
+		return db.Strings(t, "SELECT string_agg(slot::text, ',' ORDER BY slot) FROM inbox_keys WHERE message_id = $1", id)[0]
+	}
+	duplicate := func(step string) {
+		t.Helper()
+		require.Empty(t, store(t, db.Pool, "k-1"), "%s: ingest stores it again", step)
+		_, err := db.Pool.Exec(ctx, "INSERT INTO inbox (message_id, message_type, payload) VALUES ('k-1', 'order.created', '{}')")
+		requireSQLState(t, err, "23505", step+": an insert of its own is refused")
+	}
+
+	require.Equal(t, "8", inPart("k-1"))
+	duplicate("written")
+	seal(t, db)
+	require.Equal(t, []string{"8 sealed 0", "9 writing 0"}, hotParts(t, db))
+	duplicate("sealed")
+	require.Equal(t, []string{"k-2"}, store(t, db.Pool, "k-2"))
+	require.Equal(t, "9", inPart("k-2"), "a key stored after the seal goes to the other part")
+
+	require.Equal(t, 1, db.Int(t, "SELECT inbox_keys_merge()"), "one key merged")
+	require.Equal(t, []string{"8 merged 0", "9 writing 0"}, hotParts(t, db))
+	require.Equal(t, "0,8", inPart("k-1"))
+	duplicate("merged")
+	require.Equal(t, 1, db.Int(t, "SELECT inbox_keys_empty()::int"))
+	require.Equal(t, []string{"8 empty -", "9 writing 0"}, hotParts(t, db))
+	require.Equal(t, "0", inPart("k-1"))
+	duplicate("in its slot")
+	require.Empty(t, store(t, db.Pool, "k-2"))
+	require.Equal(t, []string{"1 0 2"}, db.Strings(t, "SELECT generation || ' ' || slot || ' ' || keys FROM inbox_key_ledger"),
+		"the generation counts its keys in its slot and its part")
+}
+
+// The seal's guard: a part is sealed only once every transaction writing
+// keys into it has ended, so that the merge copies them all before the
+// part is emptied. The writer here inserts into the inbox directly, as an
+// earlier inboxd or an operator does, and commits while the seal waits.
+func TestASealWaitsForTheKeysBeingWritten(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	ctx := t.Context()
+	writer := db.Session(t)
+	tx, err := writer.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	testfactory.InboxRow(ctx, t, tx, &testfactory.InboxRowOpts{MessageID: "being-written"})
+
+	tended := make(chan error, 1)
+	go func() {
+		tended <- func() error {
+			if _, err := db.Pool.Exec(ctx, "SELECT inbox_keys_seal(1, 0, interval '30 seconds')"); err != nil {
+				return err
+			}
+			if _, err := db.Pool.Exec(ctx, "SELECT inbox_keys_merge()"); err != nil {
+				return err
+			}
+			_, err := db.Pool.Exec(ctx, "SELECT inbox_keys_empty(interval '30 seconds')")
+			return err
+		}()
+	}()
+	// Either the seal waits for the writer, or (without its guard) it has
+	// gone ahead and the emptying waits.
+	require.Eventually(t, func() bool {
+		return db.Int(t, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%inbox_keys_%'`) > 0
+	}, 10*time.Second, 10*time.Millisecond, "the seal waits for the writer")
+	require.NoError(t, tx.Commit(ctx))
+	require.NoError(t, <-tended)
+
+	require.Equal(t, []string{"8 empty -", "9 writing 0"}, hotParts(t, db))
+	require.True(t, remembered(t, db, "being-written"), "the key written while the part was sealed is in its slot")
+	exec(t, db.Pool, "DELETE FROM inbox")
+	require.Empty(t, store(t, db.Pool, "being-written"))
+}
+
+// A checker in REPEATABLE READ whose snapshot predates a part's merge and
+// emptying would find the key in neither place (TRUNCATE is not
+// MVCC-safe): it fails with a serialization failure, to be tried again,
+// rather than store a duplicate.
+func TestAStricterCheckerCannotMissAnEmptiedPart(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	ctx := t.Context()
+	require.Equal(t, []string{"rr-1"}, store(t, db.Pool, "rr-1"))
+	exec(t, db.Pool, "DELETE FROM inbox") // its row left: only the ledger knows it
+	seal(t, db)
+	checker := db.Session(t)
+	tx, err := checker.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	_, err = tx.Exec(ctx, "SELECT 1") // its snapshot
+	require.NoError(t, err)
+
+	require.Equal(t, 1, db.Int(t, "SELECT inbox_keys_merge()"))
+	require.Equal(t, 1, db.Int(t, "SELECT inbox_keys_empty()::int"))
+
+	_, err = tx.Exec(ctx, "INSERT INTO inbox (message_id, message_type, payload) VALUES ('rr-1', 'order.created', '{}')")
+	requireSQLState(t, err, "40001", "the insert fails with serialization_failure")
+	require.NoError(t, tx.Rollback(ctx))
+	require.Zero(t, db.Int(t, "SELECT count(*) FROM inbox"))
+}
+
+// A rotation seals the closing generation's part and opens the next
+// generation in the other; while that one still holds keys not emptied,
+// the rotation waits. Each generation's keys end in its own slot.
+func TestARotationHandsTheHotPartOver(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	const window = 70 * time.Hour
+	j := newJanitor(t, db.Pool, janitor.Config{Retention: 24 * time.Hour, DeadRetention: 24 * time.Hour, DedupeWindow: window})
+	require.Equal(t, []string{"g1-a"}, store(t, db.Pool, "g1-a"))
+	seal(t, db) // part 8 sealed, not yet merged
+	require.Equal(t, []string{"g1-b"}, store(t, db.Pool, "g1-b"))
+	ageLedger(t, db.Pool, window/7+time.Minute)
+
+	rotated, err := dbsqlc.New().JanitorRotateKeys(t.Context(), db.Pool, window.Seconds())
+	require.NoError(t, err)
+	require.Zero(t, rotated, "no empty part for the next generation yet")
+
+	_, err = j.RunOnce(t.Context()) // merges and empties part 8, then rotates
+	require.NoError(t, err)
+	require.Equal(t, []string{"8 writing 1", "9 sealed 0"}, hotParts(t, db))
+	require.Equal(t, []string{"g2-a"}, store(t, db.Pool, "g2-a"))
+	_, err = j.RunOnce(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, []string{"8 writing 1", "9 empty -"}, hotParts(t, db))
+	require.Equal(t, []string{"g1-a 0", "g1-b 0", "g2-a 8"}, db.Strings(t, "SELECT message_id || ' ' || slot FROM inbox_keys ORDER BY 1"))
+	require.Equal(t, []string{"2 1 1", "1 0 2"}, db.Strings(t, "SELECT generation || ' ' || slot || ' ' || keys FROM inbox_key_ledger"))
+	require.Empty(t, store(t, db.Pool, "g1-a", "g1-b", "g2-a"))
+}
+
+// A part is sealed once it holds an eighth as many keys as its slot, and
+// no sooner: the merge then changes each page of the slot's index for
+// many keys. (Sizes are the tables' files: a key of these takes as many
+// bytes in either.)
+func TestAPartIsSealedAtAnEighthOfItsSlot(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	exec(t, db.Pool, "INSERT INTO inbox_keys (slot, message_id) SELECT 0, md5(g::text) FROM generate_series(1, 80000) g")
+	exec(t, db.Pool, "INSERT INTO inbox_keys (slot, message_id) SELECT 8, md5((-g)::text) FROM generate_series(1, 9000) g")
+	require.Zero(t, db.Int(t, "SELECT inbox_keys_seal(8, 0)::int"), "under an eighth")
+	require.Equal(t, []string{"8 writing 0", "9 empty -"}, hotParts(t, db))
+	exec(t, db.Pool, "INSERT INTO inbox_keys (slot, message_id) SELECT 8, md5((-g)::text) FROM generate_series(9001, 11000) g")
+	require.Equal(t, 1, db.Int(t, "SELECT inbox_keys_seal(8, 0)::int"), "over an eighth")
+	require.Equal(t, []string{"8 sealed 0", "9 writing 0"}, hotParts(t, db))
+}
+
+// The janitor seals the part writing once it has grown (here past the
+// least size of a seal, 16 MB, its slot being empty), and merges and
+// empties it at its next cleanup.
+func TestTheJanitorSealsAGrownPartAndMergesIt(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	j := newJanitor(t, db.Pool, janitor.Config{Retention: 24 * time.Hour, DeadRetention: 24 * time.Hour})
+	exec(t, db.Pool, "INSERT INTO inbox_keys (slot, message_id) SELECT 8, md5(g::text) FROM generate_series(1, 200000) g")
+	_, err := j.RunOnce(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, []string{"8 writing 0", "9 empty -"}, hotParts(t, db), "under 16 MB: not sealed")
+
+	exec(t, db.Pool, "INSERT INTO inbox_keys (slot, message_id) SELECT 8, md5(g::text) FROM generate_series(200001, 260000) g")
+	_, err = j.RunOnce(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, []string{"8 sealed 0", "9 writing 0"}, hotParts(t, db))
+	_, err = j.RunOnce(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, []string{"8 empty -", "9 writing 0"}, hotParts(t, db))
+	require.Equal(t, 260_000, db.Int(t, "SELECT count(*) FROM inbox_keys_0"))
+	require.Zero(t, db.Int(t, "SELECT count(*) FROM inbox_keys_8"))
+}
+
+// Migrating to the hot parts (00031) is online and copies nothing: the
+// keys in the slots stay there and stay duplicates, new keys go to the
+// current generation's part. Going back down moves the parts' keys into
+// their slots first, so nothing is forgotten.
+func TestTheHotPartsMigrateOnlineAndBack(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDBAt(t, 30)
+	require.Equal(t, []string{"before"}, store(t, db.Pool, "before"))
+	db.MigrateUp(t)
+	require.Equal(t, []string{"8 writing 0", "9 empty -"}, hotParts(t, db))
+	require.Equal(t, []string{"after"}, store(t, db.Pool, "after"))
+	require.Equal(t, []string{"after 8", "before 0"}, db.Strings(t, "SELECT message_id || ' ' || slot FROM inbox_keys ORDER BY 1"))
+	exec(t, db.Pool, "DELETE FROM inbox")
+	require.Empty(t, store(t, db.Pool, "before", "after"))
+
+	sqlDB := stdlib.OpenDBFromPool(db.Pool)
+	defer func() { _ = sqlDB.Close() }()
+	provider, err := goose.NewProvider(goose.DialectPostgres, sqlDB, migrations.FS)
+	require.NoError(t, err)
+	_, err = provider.DownTo(t.Context(), 30)
+	require.NoError(t, err)
+	require.Equal(t, []string{"after 0", "before 0"}, db.Strings(t, "SELECT message_id || ' ' || slot FROM inbox_keys ORDER BY 1"))
+	require.Empty(t, store(t, db.Pool, "before", "after"))
+	require.Equal(t, []string{"later"}, store(t, db.Pool, "later"))
+	require.Equal(t, 1, db.Int(t, "SELECT count(*) FROM inbox_keys_0 WHERE message_id = 'later'"))
+}
