@@ -36,7 +36,8 @@
 --
 -- Sealing takes the remembering lock exclusively, as a rotation does, so no
 -- transaction is still writing the sealed part when it is merged; merging
--- holds up no one; emptying a part waits for the statements reading it,
+-- holds up only stricter inserters (below); emptying a part waits for the
+-- statements reading it,
 -- like a rotation's TRUNCATE, and gives up after lock_wait to be tried
 -- again. A writer or checker in REPEATABLE READ or SERIALIZABLE locks the
 -- parts' rows, so that a part sealed or emptied after its snapshot fails
@@ -54,6 +55,10 @@ CREATE TABLE inbox_key_hot_parts (
 );
 
 CREATE UNIQUE INDEX inbox_key_hot_parts_writing_idx ON inbox_key_hot_parts ((true)) WHERE state = 'writing';
+
+-- No rotation (an earlier inboxd's janitor) between reading the current
+-- slot and the new functions' commit.
+LOCK TABLE inbox_key_generations IN SHARE ROW EXCLUSIVE MODE;
 
 INSERT INTO inbox_key_hot_parts (part, state, slot)
 SELECT 8, 'writing', slot FROM inbox_key_generations WHERE closed_at IS NULL;
@@ -129,16 +134,18 @@ END;
 $$;
 -- +goose StatementEnd
 
--- inbox_keys_hand_over seals the part writing and makes the other, which
--- must be empty, write for to_slot. Only for inbox_keys_seal and
--- inbox_keys_rotate, under the remembering lock held exclusively.
+-- inbox_keys_hand_over seals the part writing, for the slot of the
+-- generation its keys were written in (from_slot: the current one), and
+-- makes the other part, which must be empty, write for to_slot. Only for
+-- inbox_keys_seal and inbox_keys_rotate, under the remembering lock held
+-- exclusively.
 -- +goose StatementBegin
-CREATE FUNCTION inbox_keys_hand_over(to_slot smallint) RETURNS void
+CREATE FUNCTION inbox_keys_hand_over(from_slot smallint, to_slot smallint) RETURNS void
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
 BEGIN
-    UPDATE inbox_key_hot_parts SET state = 'sealed', since = clock_timestamp() WHERE state = 'writing';
+    UPDATE inbox_key_hot_parts SET state = 'sealed', slot = from_slot, since = clock_timestamp() WHERE state = 'writing';
     UPDATE inbox_key_hot_parts SET state = 'writing', slot = to_slot, since = clock_timestamp() WHERE state = 'empty';
     IF NOT FOUND THEN
         RAISE EXCEPTION 'inbox_keys_hand_over: no empty hot part to write';
@@ -163,7 +170,8 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
 DECLARE
-    w inbox_key_hot_parts;
+    w        inbox_key_hot_parts;
+    cur_slot smallint;
 BEGIN
     IF ratio IS NULL OR ratio < 1 THEN
         RAISE EXCEPTION 'inbox_keys_seal: ratio must be at least 1, got %', ratio;
@@ -179,7 +187,8 @@ BEGIN
         RETURN false;
     END IF;
     PERFORM pg_advisory_xact_lock(hashtext('inboxd key ledger'), hashtext('inbox'::regclass::oid::text));
-    PERFORM inbox_keys_hand_over(w.slot);
+    SELECT g.slot INTO cur_slot FROM inbox_key_generations g WHERE g.closed_at IS NULL;
+    PERFORM inbox_keys_hand_over(cur_slot, cur_slot);
     RETURN true;
 END;
 $$;
@@ -189,9 +198,15 @@ $$;
 -- the order of the slot's hash buckets, so that each page of its index is
 -- changed once, and marks the part merged; it returns how many keys it
 -- copied, or NULL if no part was sealed (or another session is merging
--- it). A bucket is the low bits of the key's hash: ordering by as many
--- low bits as the index has pages, rounded up to a power of two, visits
--- its buckets in one pass, or two. It holds up no one.
+-- it). A bucket is the low bits of the key's hash (hashtext): ordering by
+-- as many low bits as the index has pages, rounded down to a power of two,
+-- visits the buckets in one pass, at most two buckets at a time (the index
+-- has more pages than buckets: overflow pages, buckets allocated ahead).
+--
+-- It holds up no one but a stricter inserter (REPEATABLE READ or
+-- SERIALIZABLE), whose check waits for it and then fails, to be tried
+-- again. It is one transaction of seconds (2 M keys in 7.5 s here): the
+-- oldest snapshot for that long.
 -- +goose StatementBegin
 CREATE FUNCTION inbox_keys_merge() RETURNS bigint
 LANGUAGE plpgsql
@@ -208,7 +223,7 @@ BEGIN
         RETURN NULL;
     END IF;
     pages := pg_indexes_size(format('inbox_keys_%s', p.slot)::regclass) / current_setting('block_size')::bigint;
-    mask := (1 << least(30, greatest(1, ceil(log(2, greatest(pages, 2)))::integer))) - 1;
+    mask := (1 << least(30, greatest(1, floor(log(2, greatest(pages, 2)))::integer))) - 1;
     PERFORM set_config('work_mem', '64MB', true);
     -- Through the parent, as the service may write only there.
     INSERT INTO inbox_keys (slot, message_id)
@@ -281,7 +296,7 @@ BEGIN
     -- still running, so none holds the remembering lock and waits for us.
     EXECUTE format('TRUNCATE %I', 'inbox_keys_' || next_slot);
     PERFORM pg_advisory_xact_lock(hashtext('inboxd key ledger'), hashtext('inbox'::regclass::oid::text));
-    PERFORM inbox_keys_hand_over(next_slot);
+    PERFORM inbox_keys_hand_over(cur.slot, next_slot);
     UPDATE inbox_key_generations SET closed_at = clock_timestamp() WHERE generation = cur.generation;
     INSERT INTO inbox_key_generations (generation, slot, opened_at)
     VALUES (cur.generation + 1, next_slot, clock_timestamp());
@@ -334,7 +349,12 @@ DROP FUNCTION inbox_grant_roles();
 ALTER FUNCTION inbox_grant_roles_00026() RENAME TO inbox_grant_roles;
 COMMENT ON FUNCTION inbox_grant_roles() IS NULL;
 
--- The keys not yet in their slots go there first.
+-- The keys not yet in their slots go there first. No insert into the inbox
+-- writes keys meanwhile: the lock waits for the transactions that read or
+-- write the ledger (every insert into the inbox does), and holds up new
+-- ones until the functions of 00025 are back.
+LOCK TABLE inbox_keys IN ACCESS EXCLUSIVE MODE;
+
 INSERT INTO inbox_keys (slot, message_id)
 SELECT h.slot, k.message_id
 FROM inbox_keys k
@@ -432,7 +452,7 @@ $$;
 DROP FUNCTION inbox_keys_empty(interval);
 DROP FUNCTION inbox_keys_merge();
 DROP FUNCTION inbox_keys_seal(integer, bigint, interval);
-DROP FUNCTION inbox_keys_hand_over(smallint);
+DROP FUNCTION inbox_keys_hand_over(smallint, smallint);
 DROP TABLE inbox_keys_8;
 DROP TABLE inbox_keys_9;
 DROP TABLE inbox_key_hot_parts;

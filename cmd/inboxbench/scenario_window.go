@@ -15,10 +15,15 @@ import (
 // full ledger slows the flow. One inboxd with the orders handler is fed at
 // -window-rate for -window-duration on an empty ledger; then -window-keys
 // keys (36-character UUIDs, as many producers use) are loaded into the
-// ledger's eight slots with SQL, an eighth each (so the current slot, which
-// the flow writes, holds its share), vacuumed and frozen as autovacuum would
-// leave them, a checkpoint taken; then the flow runs as long again.
-// Latencies and WAL come from inboxd's flow; the load is not measured.
+// ledger's eight slots with SQL, an eighth each, built apart, and the hot
+// part writing is grown insert by insert to just under the size at which
+// it is sealed (an eighth of its slot), so that the flow writes it at its
+// largest; the slots are vacuumed and frozen as autovacuum would leave
+// them, and the flow runs as long again. Each phase starts right after a
+// checkpoint. Then the service stops and the hot part is sealed and merged
+// into its slot, alone, right after a checkpoint: that is the rest of a
+// key's WAL. Latencies and WAL come from inboxd's flow and the merge; the
+// load is not measured.
 func benchWindow(ctx context.Context, o *options, r *report) error {
 	e, err := newEnv(ctx, o, "window")
 	if err != nil {
