@@ -133,6 +133,12 @@ SELECT coalesce(inbox_keys_merge(), -1)::bigint AS merged;
 -- slot, and reports whether it did (see inbox_keys_empty).
 SELECT inbox_keys_empty()::boolean AS emptied;
 
+-- name: JanitorAnalyzeKeys :one
+-- JanitorAnalyzeKeys gives the key ledger's hot parts statistics once they
+-- hold some keys, and returns how many it analyzed (see
+-- inbox_keys_analyze_parts).
+SELECT inbox_keys_analyze_parts()::integer AS analyzed;
+
 -- name: JanitorKeysCoverWindow :one
 -- JanitorKeysCoverWindow reports whether the key ledger has remembered
 -- every id stored within the last dedupe window: it started at least that

@@ -9,6 +9,20 @@ import (
 	"context"
 )
 
+const janitorAnalyzeKeys = `-- name: JanitorAnalyzeKeys :one
+SELECT inbox_keys_analyze_parts()::integer AS analyzed
+`
+
+// JanitorAnalyzeKeys gives the key ledger's hot parts statistics once they
+// hold some keys, and returns how many it analyzed (see
+// inbox_keys_analyze_parts).
+func (q *Queries) JanitorAnalyzeKeys(ctx context.Context, db DBTX) (int32, error) {
+	row := db.QueryRow(ctx, janitorAnalyzeKeys)
+	var analyzed int32
+	err := row.Scan(&analyzed)
+	return analyzed, err
+}
+
 const janitorDeleteConflicts = `-- name: JanitorDeleteConflicts :execrows
 DELETE FROM inbox_conflicts
 WHERE id IN (

@@ -2,6 +2,8 @@ package janitor_test
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -234,4 +236,31 @@ func TestTheHotPartsMigrateOnlineAndBack(t *testing.T) {
 	require.Empty(t, store(t, db.Pool, "before", "after"))
 	require.Equal(t, []string{"later"}, store(t, db.Pool, "later"))
 	require.Equal(t, 1, db.Int(t, "SELECT count(*) FROM inbox_keys_0 WHERE message_id = 'later'"))
+}
+
+// A hot part that has grown gets statistics from the janitor, once: the
+// planner then takes each probe of it to match one key, not one in 200 of
+// the part (which put the ingest statement over JIT's threshold).
+func TestTheJanitorGivesAGrownPartStatistics(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	j := newJanitor(t, db.Pool, janitor.Config{Retention: 24 * time.Hour, DeadRetention: 24 * time.Hour})
+	exec(t, db.Pool, "INSERT INTO inbox_keys (slot, message_id) SELECT 8, md5(g::text) FROM generate_series(1, 40000) g")
+	probeRows := func() int {
+		var plan string
+		require.NoError(t, db.Pool.QueryRow(t.Context(),
+			"EXPLAIN SELECT 1 FROM inbox_keys_8 WHERE message_id = $1", "some-id").Scan(&plan))
+		var rows int
+		_, err := fmt.Sscanf(plan[strings.Index(plan, "rows="):], "rows=%d", &rows)
+		require.NoError(t, err, plan)
+		return rows
+	}
+	require.Greater(t, probeRows(), 100, "without statistics, a probe is taken to match one key in 200")
+
+	_, err := j.RunOnce(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, 1, probeRows())
+	require.Equal(t, []string{"inbox_keys_8 -1"}, db.Strings(t, `SELECT tablename || ' ' || n_distinct FROM pg_stats
+		WHERE schemaname = current_schema() AND tablename LIKE 'inbox\_keys\__' AND attname = 'message_id'`))
+	require.Zero(t, db.Int(t, "SELECT inbox_keys_analyze_parts()"), "once")
 }

@@ -30,6 +30,12 @@ import (
 //     as it passes it, so the next claim skips it; a bitmap scan visits the
 //     heap for every one of them, on every claim, and marks nothing: on an
 //     outbox of 40,000 published rows, 6,157 pages per claim against 111.
+//   - jit=off: the statements are short, and a cost estimate over JIT's
+//     threshold (100,000) made each compile its expressions first. One
+//     such estimate, for the key ledger's probe in the ingest statement
+//     (a hot part without statistics), cost 45 ms of compilation a
+//     statement where the statement itself took 2, and the flow fell
+//     minutes behind (BENCHMARKS.md, "The dedupe window").
 //
 // It also pins durability: synchronous_commit is "on" in every session,
 // whatever the server, the database or the role says (a setting sent at
@@ -41,6 +47,7 @@ import (
 func ConfigureSession(cc *pgx.ConnConfig) {
 	cc.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
 	cc.RuntimeParams["enable_bitmapscan"] = "off"
+	cc.RuntimeParams["jit"] = "off"
 	if !strongCommit[cc.RuntimeParams["synchronous_commit"]] {
 		cc.RuntimeParams["synchronous_commit"] = "on"
 	}
