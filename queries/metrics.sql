@@ -18,6 +18,10 @@ SELECT
     b.replies_undeliverable::bigint AS replies_undeliverable,
     coalesce((SELECT extract(epoch FROM now() - g.opened_at)
               FROM inbox_key_generations g WHERE g.closed_at IS NULL), 0)::float8 AS key_generation_seconds,
+    -- How long a hot part of the ledger has waited sealed or merged for a
+    -- janitor to move it into its slot and empty it.
+    coalesce((SELECT extract(epoch FROM now() - min(h.since))
+              FROM inbox_key_hot_parts h WHERE h.state IN ('sealed', 'merged')), 0)::float8 AS key_hot_part_waiting_seconds,
     -- The oldest move not folded yet: each SKU's first move past its fold,
     -- one index look-up a SKU (the folded moves a held snapshot keeps are
     -- not read).

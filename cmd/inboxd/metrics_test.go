@@ -131,6 +131,10 @@ func TestMetricsAndReadiness(t *testing.T) {
 	age, ok := got["inbox_key_generation_age_seconds"]
 	require.True(t, ok, "the key ledger's generation age is exported")
 	require.InDelta(t, 60, age, 60)
+	// No hot part of the ledger waits to be merged.
+	waiting, ok := got["inbox_key_hot_part_waiting_seconds"]
+	require.True(t, ok, "the key ledger's hot part's wait is exported")
+	require.Zero(t, waiting)
 	// The orders' stock moves were folded within the last 30 s, or wait.
 	unfolded, ok := got["stock_unfolded_age_seconds"]
 	require.True(t, ok, "the age of the stock moves not folded yet is exported")

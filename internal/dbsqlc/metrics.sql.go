@@ -22,6 +22,10 @@ SELECT
     b.replies_undeliverable::bigint AS replies_undeliverable,
     coalesce((SELECT extract(epoch FROM now() - g.opened_at)
               FROM inbox_key_generations g WHERE g.closed_at IS NULL), 0)::float8 AS key_generation_seconds,
+    -- How long a hot part of the ledger has waited sealed or merged for a
+    -- janitor to move it into its slot and empty it.
+    coalesce((SELECT extract(epoch FROM now() - min(h.since))
+              FROM inbox_key_hot_parts h WHERE h.state IN ('sealed', 'merged')), 0)::float8 AS key_hot_part_waiting_seconds,
     -- The oldest move not folded yet: each SKU's first move past its fold,
     -- one index look-up a SKU (the folded moves a held snapshot keeps are
     -- not read).
@@ -34,15 +38,16 @@ FROM outbox_backlog b
 `
 
 type MetricsGaugesRow struct {
-	Pending              int64
-	Dead                 int64
-	OldestPendingSeconds float64
-	OutboxBacklog        int64
-	OutboxDead           int64
-	RepliesUnpublished   int64
-	RepliesUndeliverable int64
-	KeyGenerationSeconds float64
-	StockUnfoldedSeconds float64
+	Pending                  int64
+	Dead                     int64
+	OldestPendingSeconds     float64
+	OutboxBacklog            int64
+	OutboxDead               int64
+	RepliesUnpublished       int64
+	RepliesUndeliverable     int64
+	KeyGenerationSeconds     float64
+	KeyHotPartWaitingSeconds float64
+	StockUnfoldedSeconds     float64
 }
 
 // Named after its caller, internal/metrics: its gauges read the inbox and the outbox together, and its lock is no table's.
@@ -64,6 +69,7 @@ func (q *Queries) MetricsGauges(ctx context.Context, db DBTX) (MetricsGaugesRow,
 		&i.RepliesUnpublished,
 		&i.RepliesUndeliverable,
 		&i.KeyGenerationSeconds,
+		&i.KeyHotPartWaitingSeconds,
 		&i.StockUnfoldedSeconds,
 	)
 	return i, err

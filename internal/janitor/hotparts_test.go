@@ -264,3 +264,25 @@ func TestTheJanitorGivesAGrownPartStatistics(t *testing.T) {
 		WHERE schemaname = current_schema() AND tablename LIKE 'inbox\_keys\__' AND attname = 'message_id'`))
 	require.Zero(t, db.Int(t, "SELECT inbox_keys_analyze_parts()"), "once")
 }
+
+// The gauge inbox_key_hot_part_waiting_seconds says how long a part has
+// waited sealed or merged: 0 while none does.
+func TestTheGaugeShowsAPartWaitingToBeMerged(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	waiting := func() float64 {
+		row, err := dbsqlc.New().MetricsGauges(t.Context(), db.Pool)
+		require.NoError(t, err)
+		return row.KeyHotPartWaitingSeconds
+	}
+	require.Equal(t, []string{"g-1"}, store(t, db.Pool, "g-1"))
+	require.Zero(t, waiting())
+	seal(t, db)
+	exec(t, db.Pool, "UPDATE inbox_key_hot_parts SET since = since - interval '1 hour' WHERE state = 'sealed'")
+	require.InDelta(t, 3600, waiting(), 60)
+	require.Equal(t, 1, db.Int(t, "SELECT inbox_keys_merge()"))
+	exec(t, db.Pool, "UPDATE inbox_key_hot_parts SET since = since - interval '2 hours' WHERE state = 'merged'")
+	require.InDelta(t, 7200, waiting(), 60)
+	require.Equal(t, 1, db.Int(t, "SELECT inbox_keys_empty()::int"))
+	require.Zero(t, waiting())
+}

@@ -159,14 +159,15 @@ var (
 	repliesDesc    = prometheus.NewDesc("outbox_replies_unpublished", "Replies to requesters not yet published.", nil, nil)
 	undeliverDesc  = prometheus.NewDesc("outbox_replies_undeliverable", "Replies the broker returned after their attempts: their requester was gone.", nil, nil)
 	keyGenDesc     = prometheus.NewDesc("inbox_key_generation_age_seconds", "Age of the key ledger's current generation: a seventh of INBOX_DEDUPE_WINDOW at most while the janitors rotate it.", nil, nil)
+	hotPartDesc    = prometheus.NewDesc("inbox_key_hot_part_waiting_seconds", "How long a hot part of the key ledger has waited, sealed or merged, to be moved into its slot and emptied (0 when none waits): a minute or so at most while the janitors run.", nil, nil)
 	unfoldedDesc   = prometheus.NewDesc("stock_unfolded_age_seconds", "Age of the oldest stock move not folded into stock.available yet: up to about 30 s while the folds run (longer for a SKU whose row is held at each fold).", nil, nil)
 	upDesc         = prometheus.NewDesc("inbox_database_up", "Whether the last scrape could read the database.", nil, nil)
 	holderDesc     = prometheus.NewDesc("inbox_database_gauges_exporter",
-		"1 in the one process that exports the gauges read from the database (inbox_pending, inbox_dead, inbox_oldest_pending_age_seconds, outbox_backlog, outbox_dead, outbox_replies_unpublished, outbox_replies_undeliverable, inbox_key_generation_age_seconds, stock_unfolded_age_seconds), 0 in the others.", nil, nil)
+		"1 in the one process that exports the gauges read from the database (inbox_pending, inbox_dead, inbox_oldest_pending_age_seconds, outbox_backlog, outbox_dead, outbox_replies_unpublished, outbox_replies_undeliverable, inbox_key_generation_age_seconds, inbox_key_hot_part_waiting_seconds, stock_unfolded_age_seconds), 0 in the others.", nil, nil)
 )
 
 func (g *gauges) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{pendingDesc, deadDesc, oldestDesc, backlogDesc, outboxDeadDesc, repliesDesc, undeliverDesc, keyGenDesc, unfoldedDesc, upDesc, holderDesc} {
+	for _, d := range []*prometheus.Desc{pendingDesc, deadDesc, oldestDesc, backlogDesc, outboxDeadDesc, repliesDesc, undeliverDesc, keyGenDesc, hotPartDesc, unfoldedDesc, upDesc, holderDesc} {
 		ch <- d
 	}
 }
@@ -199,6 +200,7 @@ func (g *gauges) Collect(ch chan<- prometheus.Metric) {
 	ch <- prometheus.MustNewConstMetric(repliesDesc, prometheus.GaugeValue, float64(row.RepliesUnpublished))
 	ch <- prometheus.MustNewConstMetric(undeliverDesc, prometheus.GaugeValue, float64(row.RepliesUndeliverable))
 	ch <- prometheus.MustNewConstMetric(keyGenDesc, prometheus.GaugeValue, row.KeyGenerationSeconds)
+	ch <- prometheus.MustNewConstMetric(hotPartDesc, prometheus.GaugeValue, row.KeyHotPartWaitingSeconds)
 	ch <- prometheus.MustNewConstMetric(unfoldedDesc, prometheus.GaugeValue, row.StockUnfoldedSeconds)
 }
 
