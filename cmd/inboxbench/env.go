@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -31,12 +32,21 @@ type benchEnv struct {
 	amqpURL string
 	pool    *pgxpool.Pool
 	cleanup func()
+	// inboxd is the binary the scenario runs: -inboxd, or another build's.
+	inboxd string
 }
 
 // newEnv creates a migrated schema with stocked SKUs and a virtual host with
 // the service's topology, named after the scenario.
 func newEnv(ctx context.Context, o *options, scenario string) (*benchEnv, error) {
-	name := fmt.Sprintf("bench_%s_%d", scenario, time.Now().Unix())
+	return newEnvOf(ctx, o, scenario, "")
+}
+
+// newEnvOf is newEnv for the inboxd binary at build, which migrates the
+// schema with its own migrations ("inboxd migrate"), and which the env's
+// startInboxd and serve run; "" is -inboxd, migrated by this source tree.
+func newEnvOf(ctx context.Context, o *options, scenario, build string) (*benchEnv, error) {
+	name := fmt.Sprintf("bench_%s_%d", scenario, time.Now().UnixNano())
 	dbURL, cleanupDB, err := sandbox.CreateSchema(ctx, o.databaseURL, name)
 	if err != nil {
 		return nil, err
@@ -46,7 +56,7 @@ func newEnv(ctx context.Context, o *options, scenario string) (*benchEnv, error)
 		cleanupDB()
 		return nil, err
 	}
-	e := &benchEnv{name: name, dbURL: dbURL, amqpURL: amqpURL, cleanup: func() {}}
+	e := &benchEnv{name: name, dbURL: dbURL, amqpURL: amqpURL, cleanup: func() {}, inboxd: cmp.Or(build, o.inboxd)}
 	if !o.keep {
 		e.cleanup = func() { cleanupBroker(); cleanupDB() }
 	}
@@ -57,6 +67,15 @@ func newEnv(ctx context.Context, o *options, scenario string) (*benchEnv, error)
 	if e.pool, err = pgxpool.New(ctx, dbURL); err != nil {
 		e.cleanup()
 		return nil, err
+	}
+	if build == "" {
+		_, err = migrate.Up(ctx, e.pool.Config().ConnConfig, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	} else {
+		err = migrateWith(ctx, build, dbURL)
+	}
+	if err != nil {
+		e.close()
+		return nil, fmt.Errorf("migrate: %w", err)
 	}
 	if err := seedStock(ctx, e.pool, o.skus); err != nil {
 		e.close()
@@ -77,7 +96,7 @@ func (e *benchEnv) startInboxd(o *options, env ...string) (*service, string, err
 	if err != nil {
 		return nil, "", err
 	}
-	svc, err := startInboxd(o, e.dbURL, e.amqpURL, httpAddr, e.name+"-"+strings.ReplaceAll(httpAddr, ":", "-"), env...)
+	svc, err := startInboxd(o, e.inboxd, e.dbURL, e.amqpURL, httpAddr, e.name+"-"+strings.ReplaceAll(httpAddr, ":", "-"), env...)
 	return svc, httpAddr, err
 }
 
@@ -109,9 +128,6 @@ func (e *benchEnv) newPool(ctx context.Context, maxConns int32) (*pgxpool.Pool, 
 // seedStock stocks every SKU the workload uses, so that no order is
 // rejected.
 func seedStock(ctx context.Context, pool *pgxpool.Pool, skus int) error {
-	if _, err := migrate.Up(ctx, pool.Config().ConnConfig, slog.New(slog.NewTextHandler(io.Discard, nil))); err != nil {
-		return err
-	}
 	names := make([]string, skus)
 	for i := range names {
 		names[i] = loadgen.SKUName(i)
@@ -150,13 +166,23 @@ type service struct {
 	done chan struct{}
 }
 
-func startInboxd(o *options, dbURL, amqpURL, httpAddr, name string, env ...string) (*service, error) {
+// migrateWith migrates the schema at dbURL with the inboxd binary at build.
+func migrateWith(ctx context.Context, build, dbURL string) error {
+	cmd := exec.CommandContext(ctx, build, "migrate")
+	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbURL)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("%s migrate: %w: %s", build, err, out)
+	}
+	return nil
+}
+
+func startInboxd(o *options, build, dbURL, amqpURL, httpAddr, name string, env ...string) (*service, error) {
 	logPath := fmt.Sprintf("%s/%s-inboxd.log", os.TempDir(), name)
 	logFile, err := os.Create(logPath)
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(o.inboxd, "serve")
+	cmd := exec.Command(build, "serve")
 	cmd.Env = append(os.Environ(), "DATABASE_URL="+dbURL, "AMQP_URL="+amqpURL, "HTTP_ADDR="+httpAddr)
 	if o.serviceEnv != "" {
 		cmd.Env = append(cmd.Env, strings.Split(o.serviceEnv, ",")...)

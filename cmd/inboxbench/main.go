@@ -80,6 +80,7 @@ type options struct {
 	probeClients   int
 	probeMessages  int
 	cpuProfile     string
+	viewsBefore    string
 }
 
 // scenarios lists what the suite measures, in the order it runs them.
@@ -102,6 +103,7 @@ var scenarios = []struct {
 	{name: "partitions", run: benchPartitions},
 	{name: "snapshot", run: benchSnapshot},
 	{name: "window", run: benchWindow, optIn: true}, // loads 100 M keys: 20 minutes
+	{name: "views", run: benchViews, optIn: true},   // needs -views-before
 }
 
 // run parses args, runs the scenarios chosen, and prints the report to
@@ -162,13 +164,14 @@ func parseFlags(args []string) (*options, error) {
 	fs.IntVar(&o.skus, "skus", 1000, "distinct SKUs the orders draw from (each stocked so that no order is rejected)")
 	fs.BoolVar(&o.preload, "preload", false, "domain: publish everything before starting inboxd, and time how fast it drains the queue")
 	fs.StringVar(&o.serviceEnv, "env", "", "extra environment for inboxd, comma-separated KEY=VALUE pairs")
-	fs.StringVar(&only, "only", "", "comma-separated scenarios to run: core, passthrough, split, domain, domainruler, steady, claim, probes, flood, reply, partitions, snapshot, window (default: all but window)")
+	fs.StringVar(&only, "only", "", "comma-separated scenarios to run: core, passthrough, split, domain, domainruler, steady, claim, probes, flood, reply, partitions, snapshot, window, views (default: all but window and views)")
 	fs.Float64Var(&o.steadyRate, "steady-rate", 1000, "steady: messages per second")
 	fs.DurationVar(&o.steadyDuration, "steady-duration", 5*time.Minute, "steady: how long to publish")
 	fs.DurationVar(&o.replyDuration, "reply-duration", time.Minute, "reply: how long to publish requests, at -steady-rate")
 	fs.IntVar(&o.probeClients, "probe-clients", 200, "probes, flood: concurrent clients sending GET /readyz (probes) or GET /api/messages/<random> (flood) in a loop")
 	fs.IntVar(&o.probeMessages, "probe-messages", 20_000, "probes, flood: the backlog drained, without and with the probes, or during the flood")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the bench process (which runs ingest and the workers of core and split) to this file")
+	fs.StringVar(&o.viewsBefore, "views-before", "", "views: an earlier build's inboxd binary, whose views, status page and gauges are compared with -inboxd's on the same traffic")
 	fs.StringVar(&claimRows, "claim-rows", "0,1000000,10000000", "claim: processed rows in the inbox at each measurement, ascending")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
