@@ -124,9 +124,10 @@ SELECT coalesce(inbox_keys_rotate(make_interval(secs => sqlc.arg(dedupe_window_s
 SELECT inbox_keys_seal()::boolean AS sealed;
 
 -- name: JanitorMergeKeys :one
--- JanitorMergeKeys copies a sealed hot part's keys into their slot and
--- returns how many, or -1 if no part was sealed (see inbox_keys_merge).
-SELECT coalesce(inbox_keys_merge(), -1)::bigint AS merged;
+-- JanitorMergeKeys copies the next range of a sealed hot part's keys, about
+-- max_bytes of them, into their slot and returns how many, or -1 if no
+-- part was sealed (see inbox_keys_merge).
+SELECT coalesce(inbox_keys_merge(sqlc.arg(max_bytes)::bigint), -1)::bigint AS merged;
 
 -- name: JanitorEmptyKeys :one
 -- JanitorEmptyKeys truncates a hot part whose keys were merged into their

@@ -247,13 +247,14 @@ func (q *Queries) JanitorKeysCoverWindow(ctx context.Context, db DBTX, dedupeWin
 }
 
 const janitorMergeKeys = `-- name: JanitorMergeKeys :one
-SELECT coalesce(inbox_keys_merge(), -1)::bigint AS merged
+SELECT coalesce(inbox_keys_merge($1::bigint), -1)::bigint AS merged
 `
 
-// JanitorMergeKeys copies a sealed hot part's keys into their slot and
-// returns how many, or -1 if no part was sealed (see inbox_keys_merge).
-func (q *Queries) JanitorMergeKeys(ctx context.Context, db DBTX) (int64, error) {
-	row := db.QueryRow(ctx, janitorMergeKeys)
+// JanitorMergeKeys copies the next range of a sealed hot part's keys, about
+// max_bytes of them, into their slot and returns how many, or -1 if no
+// part was sealed (see inbox_keys_merge).
+func (q *Queries) JanitorMergeKeys(ctx context.Context, db DBTX, maxBytes int64) (int64, error) {
+	row := db.QueryRow(ctx, janitorMergeKeys, maxBytes)
 	var merged int64
 	err := row.Scan(&merged)
 	return merged, err

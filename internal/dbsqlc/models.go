@@ -126,6 +126,10 @@ type InboxKeyHotPart struct {
 	State string
 	Slot  pgtype.Int2
 	Since time.Time
+	// while a sealed part is being merged: the mask of hashtext(message_id) whose buckets it is merged by
+	MergeMask pgtype.Int4
+	// while a sealed part is being merged: its keys in buckets below this are in their slot
+	MergedBuckets int32
 }
 
 type InboxKeyLedger struct {

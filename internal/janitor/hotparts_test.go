@@ -286,3 +286,81 @@ func TestTheGaugeShowsAPartWaitingToBeMerged(t *testing.T) {
 	require.Equal(t, 1, db.Int(t, "SELECT inbox_keys_empty()::int"))
 	require.Zero(t, waiting())
 }
+
+// A merge goes a range of hash buckets at a time, each range a transaction
+// of its own: until the last, the part stays sealed, every key is still a
+// duplicate (in its part, and those copied so far in their slot too), and
+// the ledger counts each key once. Then the slot holds every key once.
+func TestAMergeGoesARangeOfBucketsAtATime(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	exec(t, db.Pool, "INSERT INTO inbox_keys (slot, message_id) SELECT 8, md5(g::text) FROM generate_series(1, 20000) g")
+	seal(t, db)
+	quarter := db.Int(t, "SELECT pg_relation_size('inbox_keys_8') / 4")
+	merge := func() int {
+		t.Helper()
+		return db.Int(t, "SELECT coalesce(inbox_keys_merge($1), -1)", quarter)
+	}
+
+	first := merge()
+	require.Positive(t, first)
+	require.Less(t, first, 20000/2, "a range, not the whole part")
+	require.Equal(t, []string{"8 sealed 0", "9 writing 0"}, hotParts(t, db))
+	require.Equal(t, first, db.Int(t, "SELECT count(*) FROM inbox_keys_0"), "the range's keys are in their slot")
+	require.Equal(t, []string{"1 0 20000"}, db.Strings(t, "SELECT generation || ' ' || slot || ' ' || keys FROM inbox_key_ledger"),
+		"each key counted once, copied or not")
+	merged := db.Strings(t, "SELECT message_id FROM inbox_keys_0 LIMIT 1")[0]
+	notYet := db.Strings(t, "SELECT message_id FROM inbox_keys_8 EXCEPT SELECT message_id FROM inbox_keys_0 LIMIT 1")[0]
+	require.Empty(t, store(t, db.Pool, merged, notYet), "both still duplicates")
+
+	copied, ranges := first, 1
+	for n := merge(); n >= 0; n = merge() {
+		copied, ranges = copied+n, ranges+1
+	}
+	require.Equal(t, 20000, copied)
+	require.GreaterOrEqual(t, ranges, 4)
+	require.Equal(t, []string{"8 merged 0", "9 writing 0"}, hotParts(t, db))
+	require.Equal(t, []string{"20000 20000"}, db.Strings(t, "SELECT count(*) || ' ' || count(DISTINCT message_id) FROM inbox_keys_0"),
+		"every key in its slot, once")
+	require.Equal(t, []string{"- 0"}, db.Strings(t, "SELECT coalesce(merge_mask::text, '-') || ' ' || merged_buckets FROM inbox_key_hot_parts WHERE part = 8"))
+	require.Equal(t, []string{"1 0 20000"}, db.Strings(t, "SELECT generation || ' ' || slot || ' ' || keys FROM inbox_key_ledger"))
+}
+
+// The janitor merges a sealed part a range at a time, all of them in one
+// cleanup, and empties it.
+func TestTheJanitorMergesARangeAtATime(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	j := newJanitor(t, db.Pool, janitor.Config{Retention: 24 * time.Hour, DeadRetention: 24 * time.Hour, MergeBytes: 256 << 10})
+	exec(t, db.Pool, "INSERT INTO inbox_keys (slot, message_id) SELECT 8, md5(g::text) FROM generate_series(1, 20000) g")
+	require.Greater(t, db.Int(t, "SELECT pg_relation_size('inbox_keys_8')"), 3*256<<10, "more than three ranges")
+	seal(t, db)
+	_, err := j.RunOnce(t.Context())
+	require.NoError(t, err)
+	require.Equal(t, []string{"8 empty -", "9 writing 0"}, hotParts(t, db))
+	require.Equal(t, []string{"20000 20000"}, db.Strings(t, "SELECT count(*) || ' ' || count(DISTINCT message_id) FROM inbox_keys_0"))
+}
+
+// Migrating to merges by ranges (00032) is online; going back down finishes
+// a merge under way, so that 00031's merge, which copies a whole part,
+// does not copy its keys twice.
+func TestTheMergeByRangesMigratesOnlineAndBack(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDBAt(t, 31)
+	exec(t, db.Pool, "INSERT INTO inbox_keys (slot, message_id) SELECT 8, md5(g::text) FROM generate_series(1, 20000) g")
+	seal(t, db)
+	db.MigrateUp(t)
+	require.Positive(t, db.Int(t, "SELECT inbox_keys_merge(pg_relation_size('inbox_keys_8') / 4)"))
+	require.Equal(t, []string{"8 sealed 0", "9 writing 0"}, hotParts(t, db), "under way")
+
+	sqlDB := stdlib.OpenDBFromPool(db.Pool)
+	defer func() { _ = sqlDB.Close() }()
+	provider, err := goose.NewProvider(goose.DialectPostgres, sqlDB, migrations.FS)
+	require.NoError(t, err)
+	_, err = provider.DownTo(t.Context(), 31)
+	require.NoError(t, err)
+	require.Equal(t, []string{"8 merged 0", "9 writing 0"}, hotParts(t, db), "finished on the way down")
+	require.Equal(t, []string{"20000 20000"}, db.Strings(t, "SELECT count(*) || ' ' || count(DISTINCT message_id) FROM inbox_keys_0"))
+	require.Equal(t, -1, db.Int(t, "SELECT coalesce(inbox_keys_merge(), -1)"), "00031's merge finds nothing left to copy")
+	require.Equal(t, 1, db.Int(t, "SELECT inbox_keys_empty()::int"))
+}

@@ -48,6 +48,7 @@ const (
 	RetentionDefault     = 24 * time.Hour
 	DeadRetentionDefault = 30 * 24 * time.Hour
 	DedupeWindowDefault  = 84 * time.Hour
+	MergeBytesDefault    = 64 << 20
 )
 
 // Config configures a Janitor.
@@ -70,6 +71,11 @@ type Config struct {
 	// BatchSize is the most rows one delete statement removes. Defaults to
 	// 1000.
 	BatchSize int
+	// MergeBytes is about how much of a sealed hot part of the key ledger
+	// one merge transaction copies into its slot (a range of its hash
+	// buckets holding that much of the part's heap). Defaults to 64 MiB:
+	// some 900,000 keys, seconds, well under INBOX_STATEMENT_TIMEOUT.
+	MergeBytes int64
 	// Observe, when set, is told how many rows of each kind each batch
 	// deleted, and how long the batch took. It must not block.
 	Observe func(rows string, n int, took time.Duration)
@@ -81,6 +87,7 @@ func (c *Config) withDefaults() (*Config, error) {
 	out.Interval = cmp.Or(out.Interval, IntervalDefault)
 	out.BatchSize = cmp.Or(out.BatchSize, BatchSizeDefault)
 	out.DedupeWindow = cmp.Or(out.DedupeWindow, DedupeWindowDefault)
+	out.MergeBytes = cmp.Or(out.MergeBytes, MergeBytesDefault)
 	switch {
 	case out.Retention <= 0:
 		return nil, errors.New("janitor: Retention must be positive")
@@ -92,6 +99,8 @@ func (c *Config) withDefaults() (*Config, error) {
 		return nil, errors.New("janitor: Interval must be positive")
 	case out.BatchSize < 1:
 		return nil, fmt.Errorf("janitor: BatchSize must be at least 1, got %d", out.BatchSize)
+	case out.MergeBytes < 1:
+		return nil, fmt.Errorf("janitor: MergeBytes must be at least 1, got %d", out.MergeBytes)
 	}
 	return &out, nil
 }
@@ -169,10 +178,12 @@ func (j *Janitor) Stop(ctx context.Context) {
 }
 
 // tendHotParts moves the key ledger's sealed hot part into its slot and
-// empties it (migration 00031), so that a rotation or a seal finds the
-// other part empty, and gives a grown part statistics if it has none. A part that cannot be emptied at once (a statement
-// reads it) is logged and emptied at a later cleanup; its keys are in
-// their slot meanwhile.
+// empties it (migrations 00031 and 00032), so that a rotation or a seal
+// finds the other part empty, and gives a grown part statistics if it has
+// none. The merge goes a range of buckets at a time, each its own
+// transaction, pausing between two as long as the last took. A part that
+// cannot be emptied at once (a statement reads it) is logged and emptied
+// at a later cleanup; its keys are in their slot meanwhile.
 func (j *Janitor) tendHotParts(ctx context.Context) error {
 	empty := func() error {
 		switch emptied, err := j.queries.JanitorEmptyKeys(ctx, j.pool); {
@@ -197,19 +208,33 @@ func (j *Janitor) tendHotParts(ctx context.Context) error {
 		j.logger.Info("key ledger: hot parts analyzed", slog.Int("parts", int(analyzed)))
 	}
 	started := time.Now()
-	merged, err := j.queries.JanitorMergeKeys(ctx, j.pool)
-	switch {
-	case err != nil && ctx.Err() != nil:
-		return ctx.Err()
-	case err != nil:
-		// The deletes go on; the part stays sealed, its keys found there.
-		j.logger.Error("key ledger: merging the sealed hot part failed, trying again at the next cleanup", slog.String("error", err.Error()))
-		return nil
-	case merged < 0:
-		return nil
+	merged, ranges := int64(0), 0
+	for {
+		rangeStarted := time.Now()
+		n, err := j.queries.JanitorMergeKeys(ctx, j.pool, j.cfg.MergeBytes)
+		switch {
+		case err != nil && ctx.Err() != nil:
+			return ctx.Err()
+		case err != nil:
+			// The deletes go on; the part stays sealed, its keys found
+			// there, and the merge goes on from its last range.
+			j.logger.Error("key ledger: merging the sealed hot part failed, trying again at the next cleanup",
+				slog.String("error", err.Error()), slog.Int64("keys_merged", merged))
+			return nil
+		case n < 0 && ranges == 0:
+			return nil // no part sealed, or another janitor merging it
+		case n < 0:
+			j.logger.Info("key ledger: hot part merged into its slot", slog.Int64("keys", merged), slog.Int("ranges", ranges),
+				slog.Duration("took", time.Since(started)))
+			return empty()
+		}
+		merged, ranges = merged+n, ranges+1
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Since(rangeStarted)):
+		}
 	}
-	j.logger.Info("key ledger: hot part merged into its slot", slog.Int64("keys", merged), slog.Duration("took", time.Since(started)))
-	return empty()
 }
 
 // RunOnce tends the key ledger (merges a sealed hot part into its slot,
