@@ -69,6 +69,7 @@ type options struct {
 	windowRate     float64
 	windowDuration time.Duration
 	windowKeys     int
+	windowPrewarm  bool
 	preload        bool
 	skus           int
 	serviceEnv     string
@@ -160,6 +161,7 @@ func parseFlags(args []string) (*options, error) {
 	fs.Float64Var(&o.windowRate, "window-rate", 1000, "window: orders per second")
 	fs.DurationVar(&o.windowDuration, "window-duration", time.Minute, "window: how long each phase, on an empty then on a loaded ledger, publishes")
 	fs.IntVar(&o.windowKeys, "window-keys", 100_000_000, "window: keys loaded into the ledger between the phases")
+	fs.BoolVar(&o.windowPrewarm, "window-prewarm", false, "window: read the ledger's indexes into shared buffers (pg_prewarm, a superuser's) before the full phase, as on a server whose memory holds them")
 	fs.StringVar(&o.partitionRuns, "partition-runs", "1x1,6x1,1x2,6x2", "the partitions scenario's runs, comma-separated PARTITIONSxREPLICAS")
 	fs.IntVar(&o.skus, "skus", 1000, "distinct SKUs the orders draw from (each stocked so that no order is rejected)")
 	fs.BoolVar(&o.preload, "preload", false, "domain: publish everything before starting inboxd, and time how fast it drains the queue")
