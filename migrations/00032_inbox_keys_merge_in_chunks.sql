@@ -17,9 +17,13 @@
 -- copied. The ranges are of the buckets of one mask, chosen at the first
 -- call (merge_mask), so that the slot's index is still written in one pass
 -- over its pages, each changed once: the WAL a key costs is as before. A
--- range holds about max_bytes of the part's heap (64 MB, some 900,000
--- keys of 36 bytes: seconds). Each call reads the whole part to find its
--- range, which costs a sequential read of the part per range.
+-- range holds about max_bytes of the part's heap (64 MB: some 900,000 keys
+-- of 36-byte ids, rows of about 70 bytes; seconds). The mask has at least
+-- as many buckets as the part has ranges, even when the slot is small (a
+-- slot just emptied, a part grown while the janitors were away): over a
+-- small index the copy then makes a few passes, each cheap. Each call
+-- reads the whole part to find its range, which costs a sequential read
+-- of the part per range.
 --
 -- Until the part is merged its keys are found there, and those copied so
 -- far in their slot too; inbox_key_ledger counts each once.
@@ -41,7 +45,8 @@ DROP FUNCTION inbox_keys_merge();
 -- has pages when the merge starts, rounded down to a power of two: in
 -- that order the copy visits the index's buckets in one pass, at most two
 -- buckets at a time (the index has more pages than buckets: overflow
--- pages, buckets allocated ahead).
+-- pages, buckets allocated ahead). When the part has more ranges than
+-- that, more bits, one bucket or more a range.
 --
 -- It holds up no one but a stricter inserter (REPEATABLE READ or
 -- SERIALIZABLE), whose check waits for the range in progress and then
@@ -67,13 +72,14 @@ BEGIN
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
+    -- The part no longer changes: the same ranges at every call.
+    ranges := greatest(1, ceil(pg_relation_size(format('inbox_keys_%s', p.part)::regclass)::numeric / max_bytes));
     mask := p.merge_mask;
     IF mask IS NULL THEN
         pages := pg_indexes_size(format('inbox_keys_%s', p.slot)::regclass) / current_setting('block_size')::bigint;
-        mask := (1 << least(30, greatest(1, floor(log(2, greatest(pages, 2)))::integer))) - 1;
+        mask := (1 << least(30, greatest(1, floor(log(2, greatest(pages, 2)))::integer,
+                                         ceil(log(2, ranges::numeric))::integer))) - 1;
     END IF;
-    -- The part no longer changes: the same ranges at every call.
-    ranges := greatest(1, ceil(pg_relation_size(format('inbox_keys_%s', p.part)::regclass)::numeric / max_bytes));
     lo := p.merged_buckets;
     hi := least(mask::bigint + 1, lo + ceil((mask::numeric + 1) / ranges)::bigint);
     PERFORM set_config('work_mem', '64MB', true);
@@ -98,19 +104,21 @@ $$;
 -- count once those a merge has copied so far.
 CREATE OR REPLACE VIEW inbox_key_ledger AS
 SELECT g.generation, g.slot, g.opened_at, g.closed_at,
-       (SELECT count(*) FROM inbox_keys k
-        WHERE k.slot = g.slot
-           OR EXISTS (SELECT 1 FROM inbox_key_hot_parts h
-                      WHERE h.part = k.slot AND h.slot = g.slot
-                        AND (h.state = 'writing'
-                             OR h.state = 'sealed' AND (h.merge_mask IS NULL OR (hashtext(k.message_id) & h.merge_mask) >= h.merged_buckets)))) AS keys
+       (SELECT count(*) FROM inbox_keys k WHERE k.slot = g.slot)
+       + (SELECT count(*) FROM inbox_key_hot_parts h JOIN inbox_keys k ON k.slot = h.part
+          WHERE h.slot = g.slot
+            AND (h.state = 'writing'
+                 OR h.state = 'sealed' AND (h.merge_mask IS NULL OR (hashtext(k.message_id) & h.merge_mask) >= h.merged_buckets))) AS keys
 FROM inbox_key_generations g
 WHERE g.generation > (SELECT max(generation) FROM inbox_key_generations) - 8
 ORDER BY g.generation DESC;
 
 -- +goose Down
 -- A merge under way is finished first (all its ranges at once), so that
--- 00031's merge does not copy its keys again.
+-- 00031's merge does not copy its keys again. The lock waits for a
+-- janitor's range in progress and keeps the janitors from starting one
+-- until the columns that record them are gone.
+LOCK TABLE inbox_key_hot_parts IN EXCLUSIVE MODE;
 SELECT inbox_keys_merge(9223372036854775807) FROM inbox_key_hot_parts WHERE merge_mask IS NOT NULL;
 
 CREATE OR REPLACE VIEW inbox_key_ledger AS

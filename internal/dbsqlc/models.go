@@ -137,7 +137,7 @@ type InboxKeyLedger struct {
 	Slot       int16
 	OpenedAt   time.Time
 	ClosedAt   *time.Time
-	Keys       int64
+	Keys       int32
 }
 
 type InboxLockHolder struct {

@@ -364,3 +364,25 @@ func TestTheMergeByRangesMigratesOnlineAndBack(t *testing.T) {
 	require.Equal(t, -1, db.Int(t, "SELECT coalesce(inbox_keys_merge(), -1)"), "00031's merge finds nothing left to copy")
 	require.Equal(t, 1, db.Int(t, "SELECT inbox_keys_empty()::int"))
 }
+
+// A part merged into a slot just emptied, whose index is a few pages, is
+// still split into ranges of about max_bytes: the buckets are as many as
+// the ranges need, not as few as the slot's index has pages.
+func TestAMergeIntoASmallSlotStillGoesByRanges(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	exec(t, db.Pool, "INSERT INTO inbox_keys (slot, message_id) SELECT 8, md5(g::text) FROM generate_series(1, 20000) g")
+	seal(t, db)
+	maxBytes := db.Int(t, "SELECT pg_relation_size('inbox_keys_8') / 64")
+	largest, ranges := 0, 0
+	for {
+		n := db.Int(t, "SELECT coalesce(inbox_keys_merge($1), -1)", maxBytes)
+		if n < 0 {
+			break
+		}
+		largest, ranges = max(largest, n), ranges+1
+	}
+	require.GreaterOrEqual(t, ranges, 32)
+	require.LessOrEqual(t, largest, 2*20000/64, "no range much over max_bytes")
+	require.Equal(t, []string{"20000 20000"}, db.Strings(t, "SELECT count(*) || ' ' || count(DISTINCT message_id) FROM inbox_keys_0"))
+}
