@@ -196,7 +196,10 @@ func TestDisruptivePostgresStoppedSpendsNoAttempt(t *testing.T) {
 	t.Cleanup(func() { _ = exec.Command("sh", "-c", cmp.Or(os.Getenv("TEST_PG_START_CMD"), start)).Run() })
 	b := setup(t)
 	p := startProcess(t, serviceEnv(b.db, b.broker, "INBOX_CLAIM_LEASE=500ms"))
-	w := loadgen.Generate(loadgen.Spec{Orders: 3000, Seed: 15})
+	// Enough that the workers are still far from the newest when every
+	// message is stored (with 3,000 they had handled all of them once, and
+	// no pending row was left to claim).
+	w := loadgen.Generate(loadgen.Spec{Orders: 12000, Seed: 15})
 	require.NoError(t, loadgen.Publish(t.Context(), b.broker.URL, w.Messages, 500))
 	require.Eventually(t, func() bool { return b.count(t, "SELECT count(*) FROM inbox") == w.UniqueMessageIDs },
 		time.Minute, 10*time.Millisecond)
