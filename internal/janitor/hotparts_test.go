@@ -32,6 +32,27 @@ func seal(t *testing.T, db *testenv.DB) {
 	require.Equal(t, 1, db.Int(t, "SELECT inbox_keys_seal(1, 0)::int"), "sealed")
 }
 
+// mergeRanges merges the sealed part range by range, at most maxBytes of it
+// a range, until inbox_keys_merge finds nothing left to copy, and returns
+// the keys copied, the ranges and the most keys one range copied.
+func mergeRanges(t *testing.T, db *testenv.DB, maxBytes int) (copied, ranges, largest int) {
+	t.Helper()
+	for {
+		n := db.Int(t, "SELECT coalesce(inbox_keys_merge($1), -1)", maxBytes)
+		if n < 0 {
+			return copied, ranges, largest
+		}
+		copied, ranges, largest = copied+n, ranges+1, max(largest, n)
+	}
+}
+
+// requireInSlot0Once checks that slot 0 holds keys keys, each once.
+func requireInSlot0Once(t *testing.T, db *testenv.DB, keys int) {
+	t.Helper()
+	require.Equal(t, []string{fmt.Sprintf("%d %d", keys, keys)},
+		db.Strings(t, "SELECT count(*) || ' ' || count(DISTINCT message_id) FROM inbox_keys_0"), "every key in slot 0, once")
+}
+
 // A key is a duplicate at every step of its way from the hot part to its
 // slot: written, sealed, merged (in both), emptied from the part; for
 // ingest, which asks the ledger itself, and for any other insert, which
@@ -297,12 +318,8 @@ func TestAMergeGoesARangeOfBucketsAtATime(t *testing.T) {
 	exec(t, db.Pool, "INSERT INTO inbox_keys (slot, message_id) SELECT 8, md5(g::text) FROM generate_series(1, 20000) g")
 	seal(t, db)
 	quarter := db.Int(t, "SELECT pg_relation_size('inbox_keys_8') / 4")
-	merge := func() int {
-		t.Helper()
-		return db.Int(t, "SELECT coalesce(inbox_keys_merge($1), -1)", quarter)
-	}
 
-	first := merge()
+	first := db.Int(t, "SELECT coalesce(inbox_keys_merge($1), -1)", quarter)
 	require.Positive(t, first)
 	require.Less(t, first, 20000/2, "a range, not the whole part")
 	require.Equal(t, []string{"8 sealed 0", "9 writing 0"}, hotParts(t, db))
@@ -313,15 +330,11 @@ func TestAMergeGoesARangeOfBucketsAtATime(t *testing.T) {
 	notYet := db.Strings(t, "SELECT message_id FROM inbox_keys_8 EXCEPT SELECT message_id FROM inbox_keys_0 LIMIT 1")[0]
 	require.Empty(t, store(t, db.Pool, merged, notYet), "both still duplicates")
 
-	copied, ranges := first, 1
-	for n := merge(); n >= 0; n = merge() {
-		copied, ranges = copied+n, ranges+1
-	}
-	require.Equal(t, 20000, copied)
-	require.GreaterOrEqual(t, ranges, 4)
+	copied, ranges, _ := mergeRanges(t, db, quarter)
+	require.Equal(t, 20000, first+copied)
+	require.GreaterOrEqual(t, 1+ranges, 4)
 	require.Equal(t, []string{"8 merged 0", "9 writing 0"}, hotParts(t, db))
-	require.Equal(t, []string{"20000 20000"}, db.Strings(t, "SELECT count(*) || ' ' || count(DISTINCT message_id) FROM inbox_keys_0"),
-		"every key in its slot, once")
+	requireInSlot0Once(t, db, 20000)
 	require.Equal(t, []string{"- 0"}, db.Strings(t, "SELECT coalesce(merge_mask::text, '-') || ' ' || merged_buckets FROM inbox_key_hot_parts WHERE part = 8"))
 	require.Equal(t, []string{"1 0 20000"}, db.Strings(t, "SELECT generation || ' ' || slot || ' ' || keys FROM inbox_key_ledger"))
 }
@@ -338,7 +351,7 @@ func TestTheJanitorMergesARangeAtATime(t *testing.T) {
 	_, err := j.RunOnce(t.Context())
 	require.NoError(t, err)
 	require.Equal(t, []string{"8 empty -", "9 writing 0"}, hotParts(t, db))
-	require.Equal(t, []string{"20000 20000"}, db.Strings(t, "SELECT count(*) || ' ' || count(DISTINCT message_id) FROM inbox_keys_0"))
+	requireInSlot0Once(t, db, 20000)
 }
 
 // Migrating to merges by ranges (00032) is online; going back down finishes
@@ -360,7 +373,7 @@ func TestTheMergeByRangesMigratesOnlineAndBack(t *testing.T) {
 	_, err = provider.DownTo(t.Context(), 31)
 	require.NoError(t, err)
 	require.Equal(t, []string{"8 merged 0", "9 writing 0"}, hotParts(t, db), "finished on the way down")
-	require.Equal(t, []string{"20000 20000"}, db.Strings(t, "SELECT count(*) || ' ' || count(DISTINCT message_id) FROM inbox_keys_0"))
+	requireInSlot0Once(t, db, 20000)
 	require.Equal(t, -1, db.Int(t, "SELECT coalesce(inbox_keys_merge(), -1)"), "00031's merge finds nothing left to copy")
 	require.Equal(t, 1, db.Int(t, "SELECT inbox_keys_empty()::int"))
 }
@@ -374,15 +387,8 @@ func TestAMergeIntoASmallSlotStillGoesByRanges(t *testing.T) {
 	exec(t, db.Pool, "INSERT INTO inbox_keys (slot, message_id) SELECT 8, md5(g::text) FROM generate_series(1, 20000) g")
 	seal(t, db)
 	maxBytes := db.Int(t, "SELECT pg_relation_size('inbox_keys_8') / 64")
-	largest, ranges := 0, 0
-	for {
-		n := db.Int(t, "SELECT coalesce(inbox_keys_merge($1), -1)", maxBytes)
-		if n < 0 {
-			break
-		}
-		largest, ranges = max(largest, n), ranges+1
-	}
+	_, ranges, largest := mergeRanges(t, db, maxBytes)
 	require.GreaterOrEqual(t, ranges, 32)
 	require.LessOrEqual(t, largest, 2*20000/64, "no range much over max_bytes")
-	require.Equal(t, []string{"20000 20000"}, db.Strings(t, "SELECT count(*) || ' ' || count(DISTINCT message_id) FROM inbox_keys_0"))
+	requireInSlot0Once(t, db, 20000)
 }
