@@ -3,8 +3,11 @@ package main
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
+
+	"github.com/google/uuid"
 
 	"github.com/orderconfirm/inboxd/internal/loadgen"
 )
@@ -23,7 +26,8 @@ import (
 // checkpoint. Then the service stops and the hot part is sealed and merged
 // into its slot, alone, right after a checkpoint: that is the rest of a
 // key's WAL. Latencies and WAL come from inboxd's flow and the merge; the
-// load is not measured.
+// load is not measured. After each phase, once the flow has settled,
+// ingest's look-up of the ledger is timed alone (probeLedger).
 func benchWindow(ctx context.Context, o *options, r *report) error {
 	e, err := newEnv(ctx, o, "window")
 	if err != nil {
@@ -78,7 +82,7 @@ func benchWindow(ctx context.Context, o *options, r *report) error {
 		r.add("window: "+name, "publish to processed p50 %s, p99 %s, max %s; %.0f bytes of WAL per order, its events published included, %.2f full-page images per order (%d orders at %.0f/s, %d keys in the ledger at the end)",
 			quantile(total, 0.50), quantile(total, 0.99), quantile(total, 1), float64(walAfter-walBefore)/float64(len(msgs)),
 			float64(fpiAfter-fpiBefore)/float64(len(msgs)), len(msgs), o.windowRate, keys)
-		return nil
+		return probeLedger(ctx, e, r, name)
 	}
 	if err := phase("empty ledger", w.Messages[:perPhase], 0); err != nil {
 		return err
@@ -208,6 +212,55 @@ func benchWindow(ctx context.Context, o *options, r *report) error {
 	r.add("window: hot part merged", "%d keys into a slot of %d in %s (%d transactions, the longest %s), right after a checkpoint: %.0f bytes of WAL per key, %.3f full-page images per key",
 		merged, slotKeys, took.Round(time.Millisecond), ranges, time.Duration(longest).Round(time.Millisecond),
 		float64(walAfter-walBefore)/float64(merged), float64(fpiAfter-fpiBefore)/float64(merged))
+	return nil
+}
+
+// probeBatch is how many new ids ingest's look-up of the ledger is timed
+// with: about the batches of ingest at 1,000 orders a second.
+const probeBatch = 20
+
+// probeLedger times ingest's look-up of the ledger alone, once the flow has
+// settled: statements asking for probeBatch new ids (36-character UUIDs,
+// none in the ledger, so each is looked for in every slot and hot part),
+// one after another on one connection, 2 s to warm it, then 15 s timed. It
+// tells the ledger's own cost apart from the rest of the flow's, which
+// shares the machine's two cores with the broker and the load.
+func probeLedger(ctx context.Context, e *benchEnv, r *report, name string) error {
+	conn, err := e.pool.Acquire(ctx)
+	if err != nil {
+		return err
+	}
+	defer conn.Release()
+	const lookup = `SELECT count(*) FROM unnest($1::text[]) m(message_id)
+		WHERE NOT EXISTS (SELECT 1 FROM inbox_keys k WHERE k.message_id = m.message_id)`
+	var took []time.Duration
+	var sum time.Duration
+	warm := time.Now().Add(2 * time.Second)
+	end := warm.Add(15 * time.Second)
+	ids := make([]string, probeBatch)
+	for now := time.Now(); now.Before(end); now = time.Now() {
+		for i := range ids {
+			ids[i] = uuid.NewString()
+		}
+		started := time.Now()
+		var missing int
+		if err := conn.QueryRow(ctx, lookup, ids).Scan(&missing); err != nil {
+			return fmt.Errorf("probe the ledger: %w", err)
+		}
+		if missing != probeBatch {
+			return fmt.Errorf("probe the ledger: %d of %d new ids found in it", probeBatch-missing, probeBatch)
+		}
+		if started.After(warm) {
+			d := time.Since(started)
+			took, sum = append(took, d), sum+d
+		}
+	}
+	slices.Sort(took)
+	at := func(p float64) time.Duration {
+		return took[min(len(took)-1, int(p*float64(len(took))))].Round(time.Microsecond)
+	}
+	r.add("window: "+name+", look-up", "%d new ids a statement, in every slot and hot part: p50 %s, p99 %s, mean %s (%d statements on one connection, after 2s to warm it)",
+		probeBatch, at(0.50), at(0.99), (sum / time.Duration(len(took))).Round(time.Microsecond), len(took))
 	return nil
 }
 
