@@ -52,6 +52,10 @@ func benchWindow(ctx context.Context, o *options, r *report) error {
 		if err != nil {
 			return err
 		}
+		cpuBefore, err := postgresCPU()
+		if err != nil {
+			return err
+		}
 		sent, err := publishPaced(ctx, e.amqpURL, msgs, o.windowRate)
 		if err != nil {
 			return err
@@ -61,6 +65,10 @@ func benchWindow(ctx context.Context, o *options, r *report) error {
 		}
 		// Each order publishes order.confirmed and email.requested.
 		if _, err := waitCount(ctx, e.pool, countPublished, 2*(processedBefore+len(msgs)), lastPublished); err != nil {
+			return err
+		}
+		cpuAfter, err := postgresCPU()
+		if err != nil {
 			return err
 		}
 		walAfter, fpiAfter, err := walPosition(ctx, e)
@@ -79,9 +87,10 @@ func benchWindow(ctx context.Context, o *options, r *report) error {
 		if err := e.pool.QueryRow(ctx, "SELECT count(*) FROM inbox_keys").Scan(&keys); err != nil {
 			return err
 		}
-		r.add("window: "+name, "publish to processed p50 %s, p99 %s, max %s; %.0f bytes of WAL per order, its events published included, %.2f full-page images per order (%d orders at %.0f/s, %d keys in the ledger at the end)",
+		r.add("window: "+name, "publish to processed p50 %s, p99 %s, max %s; %.0f bytes of WAL per order, its events published included, %.2f full-page images per order; PostgreSQL's CPU %.0f µs per order (%d orders at %.0f/s, %d keys in the ledger at the end)",
 			quantile(total, 0.50), quantile(total, 0.99), quantile(total, 1), float64(walAfter-walBefore)/float64(len(msgs)),
-			float64(fpiAfter-fpiBefore)/float64(len(msgs)), len(msgs), o.windowRate, keys)
+			float64(fpiAfter-fpiBefore)/float64(len(msgs)), float64((cpuAfter-cpuBefore).Microseconds())/float64(len(msgs)),
+			len(msgs), o.windowRate, keys)
 		return probeLedger(ctx, e, r, name)
 	}
 	if err := phase("empty ledger", w.Messages[:perPhase], 0); err != nil {
