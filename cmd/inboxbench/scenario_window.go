@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 
@@ -264,12 +263,9 @@ func probeLedger(ctx context.Context, e *benchEnv, r *report, name string) error
 			took, sum = append(took, d), sum+d
 		}
 	}
-	slices.Sort(took)
-	at := func(p float64) time.Duration {
-		return took[min(len(took)-1, int(p*float64(len(took))))].Round(time.Microsecond)
-	}
 	r.add("window: "+name+", look-up", "%d new ids a statement, in every slot and hot part: p50 %s, p99 %s, mean %s (%d statements on one connection, after 2s to warm it)",
-		probeBatch, at(0.50), at(0.99), (sum / time.Duration(len(took))).Round(time.Microsecond), len(took))
+		probeBatch, quantileTo(took, 0.50, time.Microsecond), quantileTo(took, 0.99, time.Microsecond),
+		(sum / time.Duration(len(took))).Round(time.Microsecond), len(took))
 	return nil
 }
 

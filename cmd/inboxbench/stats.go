@@ -52,13 +52,18 @@ func (r *report) print(w io.Writer) error {
 	return tw.Flush()
 }
 
-// quantile returns the p-quantile of ds (which it sorts), rounded.
+// quantile returns the p-quantile of ds (which it sorts), rounded to 100 µs.
 func quantile(ds []time.Duration, p float64) string {
+	return quantileTo(ds, p, 100*time.Microsecond)
+}
+
+// quantileTo returns the p-quantile of ds (which it sorts), rounded to unit.
+func quantileTo(ds []time.Duration, p float64, unit time.Duration) string {
 	if len(ds) == 0 {
 		return "-"
 	}
 	slices.Sort(ds)
-	return ds[min(len(ds)-1, int(p*float64(len(ds))))].Round(100 * time.Microsecond).String()
+	return ds[min(len(ds)-1, int(p*float64(len(ds))))].Round(unit).String()
 }
 
 // perWindow gives the p99 of latency for the messages published in each
