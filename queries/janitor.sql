@@ -59,18 +59,12 @@ SELECT count(*) FROM gone;
 
 -- name: JanitorDeletePublished :execrows
 -- JanitorDeletePublished deletes up to max_rows outbox rows published more
--- than older_than_seconds ago, oldest first. No index names published_at
--- (a publish is a heap-only update, migration 00033): the pass reads the
--- primary key from its start, up to the first row created within the
--- retention, since a row is published after it is created. The rows it
--- reads and leaves are the dead ones and those published late, which are
--- few.
+-- than older_than_seconds ago.
 DELETE FROM outbox
 WHERE id IN (
     SELECT id FROM outbox
-    WHERE id < outbox_created_before(now() - make_interval(secs => sqlc.arg(older_than_seconds)::float8))
-      AND published_at < now() - make_interval(secs => sqlc.arg(older_than_seconds)::float8)
-    ORDER BY id
+    WHERE published_at < now() - make_interval(secs => sqlc.arg(older_than_seconds)::float8)
+    ORDER BY published_at
     LIMIT sqlc.arg(max_rows)
     FOR UPDATE SKIP LOCKED
 );
@@ -79,7 +73,7 @@ WHERE id IN (
 -- JanitorDeleteUndeliverable deletes up to max_rows replies that ended
 -- undeliverable (their requester was gone) more than older_than_seconds
 -- ago. They are never published, so JanitorDeletePublished leaves them.
--- Oldest end first, in outbox_dead_idx's order: the pass reads the dead
+-- Oldest end first, in outbox_dead_at_idx's order: the pass reads the dead
 -- rows' entries and no others (see migration 00028).
 DELETE FROM outbox
 WHERE id IN (

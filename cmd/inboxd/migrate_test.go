@@ -72,9 +72,9 @@ func TestConcurrentIndexesBuildOnALargeOutbox(t *testing.T) {
 	out, ok := runInboxd(t, "migrate", "DATABASE_URL="+db.URL, "INBOX_STATEMENT_TIMEOUT=1s", slowLocks)
 	require.True(t, ok, "migrate completes: %s", out)
 	t.Logf("migrations 00010 to the last applied in %s", time.Since(started).Round(time.Millisecond))
-	require.Equal(t, 3, validIndexes(t, db, "outbox_order_key_idx", "outbox_dead_order_key_idx", "outbox_dead_idx"))
-	require.Zero(t, validIndexes(t, db, "outbox_unpublished_idx", "outbox_published_at_idx", "outbox_order_key_unpublished_idx",
-		"outbox_dead_at_idx", "outbox_open_idx"), "migrations 00030 and 00033 drop the indexes they replace")
+	require.Equal(t, 5, validIndexes(t, db, "outbox_published_at_idx", "outbox_order_key_unpublished_idx",
+		"outbox_dead_order_key_idx", "outbox_dead_at_idx", "outbox_open_idx"))
+	require.Zero(t, validIndexes(t, db, "outbox_unpublished_idx"), "migration 00030 drops the index it replaces")
 }
 
 // Acceptance: an INVALID index (a concurrent build that failed) makes
@@ -92,16 +92,16 @@ func TestMigrateRefusesAnInvalidIndex(t *testing.T) {
 	require.Error(t, err)
 	// A migration's own index whose build failed (cancelled, say), which
 	// IF NOT EXISTS would then skip.
-	_, err = db.Pool.Exec(ctx, "DROP INDEX outbox_order_key_idx")
+	_, err = db.Pool.Exec(ctx, "DROP INDEX outbox_order_key_unpublished_idx")
 	require.NoError(t, err)
-	_, err = db.Pool.Exec(ctx, "CREATE INDEX CONCURRENTLY outbox_order_key_idx ON outbox ((1 / (id - id)))")
+	_, err = db.Pool.Exec(ctx, "CREATE INDEX CONCURRENTLY outbox_order_key_unpublished_idx ON outbox ((1 / (id - id)))")
 	require.Error(t, err)
 
 	out, ok := runInboxd(t, "migrate", "DATABASE_URL="+db.URL, slowLocks)
 	require.False(t, ok, "migrate fails: %s", out)
 	line := strings.TrimRight(out, "\n")
 	require.NotContains(t, line, "\n", "one line")
-	require.Contains(t, line, "indexes outbox_order_key_idx, outbox_routing_key_uniq of schema "+db.Schema+" are INVALID")
+	require.Contains(t, line, "indexes outbox_order_key_unpublished_idx, outbox_routing_key_uniq of schema "+db.Schema+" are INVALID")
 	require.Contains(t, line, `DROP INDEX CONCURRENTLY "`+db.Schema+`"."outbox_routing_key_uniq";`)
 
 	out, ok = runInboxd(t, "serve", "DATABASE_URL="+db.URL, "AMQP_URL=amqp://guest:guest@127.0.0.1:1/", "INBOX_MIGRATE=false")
@@ -119,7 +119,7 @@ func TestMigrateRefusesAnInvalidIndex(t *testing.T) {
 	}
 	out, ok = runInboxd(t, "migrate", "DATABASE_URL="+db.URL, slowLocks)
 	require.True(t, ok, out)
-	require.Equal(t, 1, validIndexes(t, db, "outbox_order_key_idx"), "the migration's index is built again")
-	require.Equal(t, "CREATE INDEX outbox_order_key_idx ON "+db.Schema+".outbox USING btree (order_key, id) WHERE (order_key IS NOT NULL)",
-		db.Strings(t, "SELECT indexdef FROM pg_indexes WHERE schemaname = current_schema() AND indexname = 'outbox_order_key_idx'")[0])
+	require.Equal(t, 1, validIndexes(t, db, "outbox_order_key_unpublished_idx"), "the migration's index is built again")
+	require.Equal(t, "CREATE INDEX outbox_order_key_unpublished_idx ON "+db.Schema+".outbox USING btree (order_key, id) WHERE ((published_at IS NULL) AND (order_key IS NOT NULL))",
+		db.Strings(t, "SELECT indexdef FROM pg_indexes WHERE schemaname = current_schema() AND indexname = 'outbox_order_key_unpublished_idx'")[0])
 }

@@ -146,51 +146,10 @@ func InboxAudit(db Beginner, budget time.Duration) Audit {
 	return audit(db, budget, dbsqlc.New().InboxClaimFloorAudit)
 }
 
-// OutboxAuditSpan is how many ids of the outbox an audit reads in one
-// statement: some 50 ms here.
-const OutboxAuditSpan = 100_000
-
-// OutboxAuditInterval is how often the relay audits the outbox's floor.
-// The outbox has no index of its open rows (a publish is a heap-only
-// update, migration 00033), so its audit reads the ids under the floor, a
-// span at a time, for up to its budget a call: the whole table once after
-// the process starts, then the ids the floor has passed since the last
-// call. Every minute, with a budget of a second, that is some 2 M ids a
-// minute, against 120,000 the floor passes at 1,000 orders/s.
-const OutboxAuditInterval = time.Minute
-
-// OutboxAudit returns the Audit of the outbox's floor, through db: each
-// call audits the ids after those the last call reached, a span of span
-// ids in each statement, until it reaches the floor or has spent budget.
-// The first call starts from the table's first id.
-func OutboxAudit(db Beginner, budget time.Duration, span int64) Audit {
-	q := dbsqlc.New()
-	var from int64
-	return func(ctx context.Context) (stranded int64, err error) {
-		started := time.Now()
-		for {
-			var r dbsqlc.OutboxClaimFloorAuditRangeRow
-			_, err = audit(db, budget, func(ctx context.Context, tx dbsqlc.DBTX) (int64, error) {
-				var err error
-				r, err = q.OutboxClaimFloorAuditRange(ctx, tx, dbsqlc.OutboxClaimFloorAuditRangeParams{FromID: from, Span: span})
-				return r.Stranded, err
-			})(ctx)
-			if err != nil {
-				return 0, err
-			}
-			reachedFloor := r.NextFrom < from+span
-			from = r.NextFrom
-			if r.Stranded > 0 {
-				// The floor is lowered to the row: the next call goes on
-				// from there.
-				from = r.Stranded
-				return r.Stranded, nil
-			}
-			if reachedFloor || time.Since(started) >= budget {
-				return 0, nil
-			}
-		}
-	}
+// OutboxAudit returns the Audit of the outbox's floor, through db, within
+// budget.
+func OutboxAudit(db Beginner, budget time.Duration) Audit {
+	return audit(db, budget, dbsqlc.New().OutboxClaimFloorAudit)
 }
 
 // Beginner begins transactions: a pool or a connection.

@@ -138,9 +138,8 @@ const janitorDeletePublished = `-- name: JanitorDeletePublished :execrows
 DELETE FROM outbox
 WHERE id IN (
     SELECT id FROM outbox
-    WHERE id < outbox_created_before(now() - make_interval(secs => $1::float8))
-      AND published_at < now() - make_interval(secs => $1::float8)
-    ORDER BY id
+    WHERE published_at < now() - make_interval(secs => $1::float8)
+    ORDER BY published_at
     LIMIT $2
     FOR UPDATE SKIP LOCKED
 )
@@ -152,12 +151,7 @@ type JanitorDeletePublishedParams struct {
 }
 
 // JanitorDeletePublished deletes up to max_rows outbox rows published more
-// than older_than_seconds ago, oldest first. No index names published_at
-// (a publish is a heap-only update, migration 00033): the pass reads the
-// primary key from its start, up to the first row created within the
-// retention, since a row is published after it is created. The rows it
-// reads and leaves are the dead ones and those published late, which are
-// few.
+// than older_than_seconds ago.
 func (q *Queries) JanitorDeletePublished(ctx context.Context, db DBTX, arg JanitorDeletePublishedParams) (int64, error) {
 	result, err := db.Exec(ctx, janitorDeletePublished, arg.OlderThanSeconds, arg.MaxRows)
 	if err != nil {
@@ -214,7 +208,7 @@ type JanitorDeleteUndeliverableParams struct {
 // JanitorDeleteUndeliverable deletes up to max_rows replies that ended
 // undeliverable (their requester was gone) more than older_than_seconds
 // ago. They are never published, so JanitorDeletePublished leaves them.
-// Oldest end first, in outbox_dead_idx's order: the pass reads the dead
+// Oldest end first, in outbox_dead_at_idx's order: the pass reads the dead
 // rows' entries and no others (see migration 00028).
 func (q *Queries) JanitorDeleteUndeliverable(ctx context.Context, db DBTX, arg JanitorDeleteUndeliverableParams) (int64, error) {
 	result, err := db.Exec(ctx, janitorDeleteUndeliverable, arg.OlderThanSeconds, arg.MaxRows)

@@ -32,11 +32,13 @@ WITH candidate AS (
           -- An earlier row of the order waiting for a retry or under a
           -- lease: such a row is open, so at the floor or above. The
           -- bounds are written on (order_key, id) together, which
-          -- outbox_order_key_idx serves, and on nothing else: with bounds
-          -- on id, the planner took a range of the open rows' index, or of
-          -- the primary key, and read every other order's row between the
-          -- floor and this one, for each candidate (90,000 entries for a
-          -- claim of 300 orders).
+          -- outbox_order_key_unpublished_idx serves, and on nothing else:
+          -- with bounds on id, the planner took a range of the open rows'
+          -- index, or of the primary key, and read every other order's
+          -- row between the floor and this one, for each candidate
+          -- (90,000 entries for a claim of 300 orders). The look-up names
+          -- no dead_at condition, so the open rows' index cannot serve it
+          -- (migration 00030).
           AND NOT EXISTS (
               SELECT 1 FROM outbox w
               WHERE w.order_key = o.order_key
@@ -115,14 +117,12 @@ type OutboxClaimBatchRow struct {
 // publishing are left out after it, and are at most that relay's batch.
 //
 // The scan starts at the claim floor (see OutboxClaimFloorRaise): under it
-// every row is published or dead. It reads the primary key from there:
-// above the floor nearly every row is open. So do the look-ups of an
-// order's earlier open rows; its dead rows are looked up in an index of
-// their own. None of them reads an index from its start: a snapshot held
-// open keeps there the entries of every row published since (and with
+// every row is published or dead. So do the look-ups of an order's earlier
+// open rows; its dead rows are looked up in an index of their own. None of
+// them reads an index of open rows from its start: a snapshot held open
+// fills it with the entries of every row published since (and with
 // statistics the planner took that for cheap: 0.9 s a claim after 60 s
-// held at 500 orders/s). No index names published_at, so that the mark
-// is a heap-only update (migration 00033).
+// held at 500 orders/s).
 //
 // claimed_at is set only by releases before this one, which claimed rows in
 // a transaction of their own; such a claim is respected for lease_ms.
@@ -158,31 +158,18 @@ func (q *Queries) OutboxClaimBatch(ctx context.Context, db DBTX, arg OutboxClaim
 	return items, nil
 }
 
-const outboxClaimFloorAuditRange = `-- name: OutboxClaimFloorAuditRange :one
-SELECT coalesce(r.stranded, 0)::bigint AS stranded, r.next_from::bigint AS next_from
-FROM claim_floor_audit_range('outbox', $1::bigint, $2::bigint) AS r
+const outboxClaimFloorAudit = `-- name: OutboxClaimFloorAudit :one
+SELECT coalesce(claim_floor_audit('outbox'), 0)::bigint AS stranded
 `
 
-type OutboxClaimFloorAuditRangeParams struct {
-	FromID int64
-	Span   int64
-}
-
-type OutboxClaimFloorAuditRangeRow struct {
-	Stranded int64
-	NextFrom int64
-}
-
-// OutboxClaimFloorAuditRange does for the outbox what InboxClaimFloorAudit
-// does for the inbox, over span ids from from_id (claim_floor_audit_range):
-// it looks there for a row neither published nor dead under the floor. It
-// returns that row's id, or 0, and the id the next range starts from,
-// which is the floor once this range reached it.
-func (q *Queries) OutboxClaimFloorAuditRange(ctx context.Context, db DBTX, arg OutboxClaimFloorAuditRangeParams) (OutboxClaimFloorAuditRangeRow, error) {
-	row := db.QueryRow(ctx, outboxClaimFloorAuditRange, arg.FromID, arg.Span)
-	var i OutboxClaimFloorAuditRangeRow
-	err := row.Scan(&i.Stranded, &i.NextFrom)
-	return i, err
+// OutboxClaimFloorAudit does for the outbox what InboxClaimFloorAudit does
+// for the inbox: it looks for a row neither published nor dead under the
+// floor.
+func (q *Queries) OutboxClaimFloorAudit(ctx context.Context, db DBTX) (int64, error) {
+	row := db.QueryRow(ctx, outboxClaimFloorAudit)
+	var stranded int64
+	err := row.Scan(&stranded)
+	return stranded, err
 }
 
 const outboxClaimFloorRaise = `-- name: OutboxClaimFloorRaise :one

@@ -155,9 +155,7 @@ func NewRelay(pool *pgxpool.Pool, cfg *RelayConfig) (*Relay, error) {
 		queries: dbsqlc.New(),
 		wake:    make(chan struct{}, 1),
 	}
-	r.floor = &claimfloor.Keeper{Table: "outbox", Raise: claimfloor.Outbox(pool),
-		Audit:         claimfloor.OutboxAudit(pool, claimfloor.AuditBudget, claimfloor.OutboxAuditSpan),
-		AuditInterval: claimfloor.OutboxAuditInterval, Logger: r.logger}
+	r.floor = &claimfloor.Keeper{Table: "outbox", Raise: claimfloor.Outbox(pool), Audit: claimfloor.OutboxAudit(pool, claimfloor.AuditBudget), Logger: r.logger}
 	return r, nil
 }
 
