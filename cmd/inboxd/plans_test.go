@@ -1,0 +1,146 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/orderconfirm/inboxd/internal/loadgen"
+)
+
+// tableReads is what the statements of every session read of one table,
+// from pg_stat_user_tables: rows returned by sequential scans, and index
+// entries returned by index scans.
+type tableReads struct{ seq, idx int }
+
+// readsByTable returns the cumulative reads of every table of the test's
+// schema, read afresh.
+func (b *e2eBundle) readsByTable(t *testing.T) map[string]tableReads {
+	t.Helper()
+	ctx := context.WithoutCancel(t.Context())
+	conn, err := b.db.Pool.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	_, err = conn.Exec(ctx, "SELECT pg_stat_clear_snapshot()")
+	require.NoError(t, err)
+	rows, err := conn.Query(ctx, `
+		SELECT relname::text, coalesce(seq_tup_read, 0), coalesce(idx_tup_fetch, 0)
+		FROM pg_stat_user_tables WHERE schemaname = current_schema()`)
+	require.NoError(t, err)
+	out := map[string]tableReads{}
+	var name string
+	var r tableReads
+	_, err = pgx.ForEachRow(rows, []any{&name, &r.seq, &r.idx}, func() error {
+		out[name] = r
+		return nil
+	})
+	require.NoError(t, err)
+	return out
+}
+
+// settledReads is readsByTable once the sessions that just ended have
+// reported what they read: two readings 300 ms apart agree.
+func (b *e2eBundle) settledReads(t *testing.T) map[string]tableReads {
+	t.Helper()
+	last := b.readsByTable(t)
+	for {
+		time.Sleep(300 * time.Millisecond)
+		next := b.readsByTable(t)
+		if maps.Equal(next, last) {
+			return next
+		}
+		last = next
+	}
+}
+
+// awaitEvents waits until n more events have arrived downstream, without a
+// statement of its own on the database.
+func (b *e2eBundle) awaitEvents(t *testing.T, n int, timeout time.Duration) {
+	t.Helper()
+	deadline := time.After(timeout)
+	got := 0
+	for got < n {
+		select {
+		case d := <-b.events:
+			require.NoError(t, d.Ack(false))
+			if b.seen[d.MessageId] == 0 {
+				got++
+			}
+			b.seen[d.MessageId]++
+		case <-deadline:
+			t.Fatalf("%d of %d events arrived", got, n)
+		}
+	}
+}
+
+// The service's statements must not read the tables whole once they have
+// grown, on a server that never analyzes them (this one: autovacuum is off
+// in CI, and nothing else runs ANALYZE): inboxd handles orders on an empty
+// schema, the tables grow by 100,000 rows of history each, and the next
+// orders, cancellations among them, read about what they read before, not
+// the history. Before migration 00033 and enable_seqscan=off (see
+// pipeline.ConfigureSession) the cancellations read every reservation:
+// 7.1 million index entries, or 608,547 rows by sequential scans, for 300
+// orders.
+func TestStatementsReadIndexesOnceTheTablesHaveGrown(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	// Small batches, so that each session runs each statement often enough
+	// to keep a plan for it (PostgreSQL keeps a generic plan from the sixth
+	// execution of a named statement on).
+	p := startProcess(t, serviceEnv(b.db, b.broker,
+		"INBOX_WORKER_BATCH_SIZE=5", "INBOX_INGEST_BATCH_SIZE=5", "INBOX_RELAY_BATCH_SIZE=10"))
+
+	const orders = 300
+	publish := func(round int) {
+		w := loadgen.Generate(loadgen.Spec{Orders: orders, CancelRate: 0.1, DuplicateRate: 0.1, Seed: uint64(round), Prefix: fmt.Sprintf("round%d", round)})
+		require.NoError(t, loadgen.Publish(t.Context(), b.broker.URL, w.Messages, 20))
+		// Each order confirmed sends order.confirmed and email.requested.
+		b.awaitEvents(t, 2*orders, 60*time.Second)
+	}
+	publish(1)
+	publish(2)
+
+	const history = 100_000
+	for _, q := range []string{
+		`INSERT INTO inbox (message_id, message_type, payload, status, attempts, order_key, received_at, processed_at)
+		 SELECT 'history-' || g, 'order.created', '\x7b7d', 'processed', 1, 'history-order-' || g, now(), now()
+		 FROM generate_series(1, $1) AS g`,
+		`INSERT INTO outbox (idempotency_key, routing_key, payload, message_id, order_key, published_at, attempts)
+		 SELECT 'history-' || g, 'order.confirmed', '{}', 'history-' || g, 'history-order-' || g, now(), 1
+		 FROM generate_series(1, $1) AS g`,
+		`INSERT INTO inbox_attempts (inbox_id, run, attempt, message_id, outcome, process, build)
+		 SELECT i.id, 0, 1, i.message_id, 'processed', 'history', 'history' FROM inbox i WHERE i.message_id LIKE 'history-%' LIMIT $1`,
+		`INSERT INTO order_confirmations (order_id, status, user_id, message_id)
+		 SELECT 'history-order-' || g, 'confirmed', 'user', 'history-' || g FROM generate_series(1, $1) AS g`,
+		`INSERT INTO stock_reservations (order_id, sku, quantity)
+		 SELECT 'history-order-' || g, 'SKU-1', 1 FROM generate_series(1, $1) AS g`,
+	} {
+		_, err := b.db.Pool.Exec(t.Context(), q, history)
+		require.NoError(t, err, q)
+	}
+
+	// A backend reports what its statements read once it has been idle for
+	// 10 seconds at most, and when it ends: wait that long for inboxd's
+	// sessions to report the rounds before, then stop inboxd to count the
+	// next one.
+	// The claim floors rise past the history meanwhile, as they do within
+	// a second of a batch.
+	time.Sleep(11 * time.Second)
+	before := b.readsByTable(t)
+	publish(3)
+	p.terminate(30 * time.Second)
+	after := b.settledReads(t)
+
+	for table, a := range after {
+		seq, idx := a.seq-before[table].seq, a.idx-before[table].idx
+		t.Logf("%s: %d rows by sequential scans, %d by index, for %d orders", table, seq, idx, orders)
+		require.Less(t, seq, history/10, fmt.Sprintf("%s: rows read by sequential scans for %d orders", table, orders))
+		require.Less(t, idx, 100*orders, fmt.Sprintf("%s: entries read by index scans for %d orders", table, orders))
+	}
+}
