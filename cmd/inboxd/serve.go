@@ -254,6 +254,7 @@ func newPool(ctx context.Context, cfg *config, name string, maxConns int) (*pgxp
 	// wait idle: an idle backend ignores a cancel, and they would notice
 	// their context only after the handler's 5-second deadline.
 	pc.ConnConfig.BuildContextWatcherHandler = pipeline.CancelQueryOnContextEnd
+	pipeline.KeepPlans(pc)
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		return nil, fmt.Errorf("create %s pool: %w", name, err)
