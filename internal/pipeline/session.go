@@ -40,8 +40,9 @@ import (
 //     than reading the table: each batch with cancellations read every
 //     reservation (608,547 rows for 30 cancellations over 100,000
 //     reservations, TestStatementsReadIndexesOnceTheTablesHaveGrown). Every
-//     statement of the service reads by index; one with no index to read
-//     still scans the table.
+//     statement of the flow is written to read by index; one with no
+//     index to use still scans the table, and one that reads a whole
+//     table reads it through an index where it can.
 //   - jit=off: the statements are short, and a cost estimate over JIT's
 //     threshold (100,000) made each compile its expressions first. One
 //     such estimate, for the key ledger's probe in the ingest statement
@@ -109,8 +110,11 @@ func keepPlansFor(pc *pgxpool.Config, d time.Duration) {
 		}
 		if ok {
 			if err := conn.DeallocateAll(ctx); err != nil {
-				// The connection is broken, or ctx ended: the pool closes it
-				// and hands out another.
+				// The connection is broken, ctx ended, or something between
+				// refuses DEALLOCATE ALL (a pooler that does not track
+				// prepared statements). pgx has forgotten the statements
+				// already, so the connection cannot be used: the pool
+				// closes it and opens another, whose statements are new.
 				return false, nil
 			}
 		}
