@@ -15,10 +15,11 @@ import (
 )
 
 // tableReads is what the statements of every session read of one table:
-// rows returned by its sequential scans (pg_stat_user_tables), and entries
-// returned by scans of its indexes, whether or not their rows were then
-// fetched (pg_stat_user_indexes.idx_tup_read).
-type tableReads struct{ seq, idx int }
+// rows returned by its sequential scans (pg_stat_user_tables; the row
+// versions a scan steps over unseen are not counted), how many sequential
+// scans there were, and entries returned by scans of its indexes, whether
+// or not their rows were then fetched (pg_stat_user_indexes.idx_tup_read).
+type tableReads struct{ seq, scans, idx int }
 
 // readsByTable returns the cumulative reads of every table of the test's
 // schema, read afresh.
@@ -31,14 +32,14 @@ func (b *e2eBundle) readsByTable(t *testing.T) map[string]tableReads {
 	_, err = conn.Exec(ctx, "SELECT pg_stat_clear_snapshot()")
 	require.NoError(t, err)
 	rows, err := conn.Query(ctx, `
-		SELECT t.relname::text, coalesce(t.seq_tup_read, 0),
+		SELECT t.relname::text, coalesce(t.seq_tup_read, 0), coalesce(t.seq_scan, 0),
 		       coalesce((SELECT sum(i.idx_tup_read) FROM pg_stat_user_indexes i WHERE i.relid = t.relid), 0)::bigint
 		FROM pg_stat_user_tables t WHERE t.schemaname = current_schema()`)
 	require.NoError(t, err)
 	out := map[string]tableReads{}
 	var name string
 	var r tableReads
-	_, err = pgx.ForEachRow(rows, []any{&name, &r.seq, &r.idx}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&name, &r.seq, &r.scans, &r.idx}, func() error {
 		out[name] = r
 		return nil
 	})
