@@ -6,8 +6,6 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
-
-	"github.com/orderconfirm/inboxd/internal/loadgen"
 )
 
 // An old snapshot (an analytics query, pg_dump, a standby with
@@ -45,32 +43,17 @@ func TestAHeldSnapshotDoesNotGrowWhatAnOrderReads(t *testing.T) {
 	seed := 0
 	publish := func(n int) {
 		seed++
-		w := loadgen.Generate(loadgen.Spec{Orders: n, CancelRate: 0.1, DuplicateRate: 0.1, Seed: uint64(seed), Prefix: fmt.Sprintf("round%d", seed)})
-		require.NoError(t, loadgen.Publish(t.Context(), b.broker.URL, w.Messages, 20))
-		// Each order sends order.confirmed and email.requested, and each
-		// cancellation order.cancelled.
-		b.awaitEvents(t, 2*n+len(w.Cancelled), 2*time.Minute)
+		b.publishOrders(t, n, uint64(seed), fmt.Sprintf("round%d", seed))
 	}
 	// counted starts inboxd, lets it handle ahead orders, then counts what
-	// it reads while it handles the next ones, and stops it: a backend
-	// reports what it read at the end of a transaction at most once a
-	// second, and all of it when it ends.
+	// it reads while it handles the next ones, and stops it.
 	counted := func(ahead int) map[string]tableReads {
 		p := startProcess(t, env)
 		publish(ahead)
 		// What the orders ahead read is reported by now: a backend idle
 		// for 10 seconds reports all it has.
 		time.Sleep(11 * time.Second)
-		before := b.readsByTable(t)
-		publish(orders)
-		p.terminate(30 * time.Second)
-		after := b.settledReads(t)
-		out := map[string]tableReads{}
-		for table, a := range after {
-			r := before[table]
-			out[table] = tableReads{seq: a.seq - r.seq, scans: a.scans - r.scans, idx: a.idx - r.idx}
-		}
-		return out
+		return b.readsWhile(t, p, func() { publish(orders) })
 	}
 
 	clean := counted(orders) // plans made, floors raised
