@@ -22,7 +22,7 @@ import (
 // most twice the clean round's entries plus two an order (the keepers'
 // rounds read the entries of what ended since the last one), and the
 // second no more than the first plus a quarter: a statement that read
-// the ended rows once a round would pass neither.
+// every ended row once a round would fail at the second.
 //
 // This is the flow's side of what the claim floors promise the claims
 // (TestAClaimUnderAnOldSnapshotSkipsTheEndedRows): every statement an
@@ -31,9 +31,9 @@ import (
 // read for 300 orders went from 4,382 to 128,452 (inbox) at the first
 // counted round, and from 4,255 to 68,017, then 109,775 (outbox); with
 // them, from 3,960 to 6,198 and 6,013 (inbox), 3,109 to 5,605 and 5,294
-// (outbox), every other table flat, no sequential scan. Snapshots other tests hold in the same database can make
-// the clean round read more than on an idle server, which loosens the
-// bound; they cannot make this test fail.
+// (outbox), every other table flat, no sequential scan. Snapshots that
+// other tests hold in the same database can only make the clean round
+// read more, which loosens the bound.
 func TestAHeldSnapshotDoesNotGrowWhatAnOrderReads(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
