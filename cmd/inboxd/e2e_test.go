@@ -51,7 +51,14 @@ func stockUp(t *testing.T, pool *pgxpool.Pool) {
 
 func setup(t *testing.T) *e2eBundle {
 	t.Helper()
-	b := newBundle(testenv.NewDB(t), testenv.NewBroker(t))
+	return setupIn(t, testenv.NewDB(t))
+}
+
+// setupIn is setup in db: the bundle of a test that needs a database of
+// its own (testenv.NewDBAlone).
+func setupIn(t *testing.T, db *testenv.DB) *e2eBundle {
+	t.Helper()
+	b := newBundle(db, testenv.NewBroker(t))
 	// Declared up front so that nothing published before inboxd connects
 	// is unroutable.
 	require.NoError(t, loadgen.DeclareTopology(b.broker.URL, broker.QueueTypeQuorum))

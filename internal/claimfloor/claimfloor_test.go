@@ -288,18 +288,14 @@ func TestAClaimUnderAnOldSnapshotSkipsTheEndedRows(t *testing.T) {
 		for _, analyzed := range []bool{false, true} {
 			t.Run(fmt.Sprintf("%s/analyzed=%v", c.table, analyzed), func(t *testing.T) {
 				t.Parallel()
-				db := testenv.NewDB(t)
+				db := testenv.NewDBAlone(t)
 				ctx := t.Context()
-				holder, err := db.Session(t).BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
-				require.NoError(t, err)
-				var seen int
-				require.NoError(t, holder.QueryRow(ctx, "SELECT count(*) FROM "+c.table).Scan(&seen))
+				db.HoldSnapshot(t)
 
 				c.end(t, db)
 				if analyzed {
 					// As autovacuum does, while next to nothing is open.
-					_, err = db.Pool.Exec(ctx, "ANALYZE "+c.table)
-					require.NoError(t, err)
+					db.Exec(t, "ANALYZE "+c.table)
 				}
 				c.open(t, db)
 				k := &keeper{raise: c.raise(db.Pool)}
@@ -430,7 +426,7 @@ func (l *lockedBuffer) String() string {
 // says so and goes on raising the floor.
 func TestTheAuditGivesUpAtItsBudget(t *testing.T) {
 	t.Parallel()
-	db := testenv.NewDB(t)
+	db := testenv.NewDBAlone(t)
 	ctx := t.Context()
 	db.HoldSnapshot(t)
 	db.Exec(t, `INSERT INTO inbox (message_id, message_type, payload)

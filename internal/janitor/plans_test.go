@@ -21,7 +21,7 @@ import (
 // published, without statistics (as a new table) and then analyzed.
 func TestTheUndeliverablePassReadsOnlyUndeliverableReplies(t *testing.T) {
 	t.Parallel()
-	db := testenv.NewDB(t)
+	db := testenv.NewDBAlone(t)
 	ctx := t.Context()
 	db.HoldSnapshot(t)
 

@@ -24,7 +24,7 @@ import (
 // The numbers are checked too: they are those the views counted before.
 func TestTheGaugesReadWhatWaitsUnderAHeldSnapshot(t *testing.T) {
 	t.Parallel()
-	db := testenv.NewDB(t)
+	db := testenv.NewDBAlone(t)
 	ctx := t.Context()
 	db.HoldSnapshot(t)
 

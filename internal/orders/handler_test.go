@@ -25,7 +25,13 @@ type handlerBundle struct {
 
 func setup(t *testing.T) *handlerBundle {
 	t.Helper()
-	b := &handlerBundle{db: testenv.NewDB(t), handler: orders.NewHandler(testenv.Logger(t))}
+	return setupIn(t, testenv.NewDB(t))
+}
+
+// setupIn is setup in db.
+func setupIn(t *testing.T, db *testenv.DB) *handlerBundle {
+	t.Helper()
+	b := &handlerBundle{db: db, handler: orders.NewHandler(testenv.Logger(t))}
 	b.setStock(t, map[string]int{"SKU-1": 1_000_000, "SKU-2": 1_000_000, "SKU-3": 1_000_000})
 	return b
 }

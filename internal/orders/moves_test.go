@@ -44,12 +44,8 @@ func (b *handlerBundle) stockRow(t *testing.T, sku string) stockRow {
 // leaves it as it was.
 func TestOrdersTakeStockWithoutRewritingItsRow(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
-	holder, err := b.db.Pool.BeginTx(t.Context(), pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
-	require.NoError(t, err)
-	defer func() { _ = holder.Rollback(context.WithoutCancel(t.Context())) }()
-	_, err = holder.Exec(t.Context(), "SELECT count(*) FROM stock")
-	require.NoError(t, err)
+	b := setupIn(t, testenv.NewDBAlone(t))
+	b.db.HoldSnapshot(t)
 
 	before := b.stockRow(t, "SKU-2")
 	for i := range 5 { // each order takes 1 of SKU-1 and 2 of SKU-2

@@ -65,6 +65,9 @@ func TestTheLockFunctionsReadAnIndexOnceTheTableHasGrown(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
 			db := testenv.NewDB(t)
+			if c.holdOpen {
+				db = testenv.NewDBAlone(t)
+			}
 			ctx := t.Context()
 			_, err := db.Pool.Exec(ctx, c.fill)
 			require.NoError(t, err)
@@ -76,10 +79,7 @@ func TestTheLockFunctionsReadAnIndexOnceTheTableHasGrown(t *testing.T) {
 			}
 
 			if c.holdOpen {
-				holder, err := db.Session(t).BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
-				require.NoError(t, err)
-				var n int
-				require.NoError(t, holder.QueryRow(ctx, "SELECT count(*) FROM "+c.table).Scan(&n))
+				db.HoldSnapshot(t)
 			}
 			for range 30 {
 				_, err = db.Pool.Exec(ctx, c.grow)

@@ -1,6 +1,7 @@
-// Package sandbox creates the throw-away PostgreSQL schemas and RabbitMQ
-// virtual hosts that the tests and the benchmark run in, so that runs never
-// share state and leave nothing behind.
+// Package sandbox creates the throw-away PostgreSQL schemas (and databases,
+// for the tests that need one to themselves) and RabbitMQ virtual hosts
+// that the tests and the benchmark run in, so that runs never share state
+// and leave nothing behind.
 package sandbox
 
 import (
@@ -44,6 +45,39 @@ func DropSchema(databaseURL, schema string) {
 	}
 	defer func() { _ = conn.Close(ctx) }()
 	_, _ = conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+}
+
+// CreateDatabase creates database name on the server at serverURL. It
+// returns a URL that connects to it, and a func that drops it, ending the
+// sessions still connected to it.
+func CreateDatabase(ctx context.Context, serverURL, name string) (string, func(), error) {
+	u, err := url.Parse(serverURL)
+	if err != nil {
+		return "", nil, fmt.Errorf("parse database URL: %w", err)
+	}
+	conn, err := pgx.Connect(ctx, serverURL)
+	if err != nil {
+		return "", nil, fmt.Errorf("connect to PostgreSQL: %w", err)
+	}
+	defer func() { _ = conn.Close(ctx) }()
+	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
+		return "", nil, fmt.Errorf("create database %s: %w", name, err)
+	}
+	u.Path, u.RawPath = "/"+name, ""
+	return u.String(), func() { DropDatabase(serverURL, name) }, nil
+}
+
+// DropDatabase drops database name, if it exists, ending the sessions
+// still connected to it. It gives up quietly, as DropSchema does.
+func DropDatabase(serverURL, name string) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, serverURL)
+	if err != nil {
+		return
+	}
+	defer func() { _ = conn.Close(ctx) }()
+	_, _ = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
 }
 
 // CreateVhost creates the virtual host vhost through admin and gives the

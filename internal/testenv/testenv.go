@@ -1,6 +1,7 @@
 // Package testenv gives tests real PostgreSQL and RabbitMQ servers, isolated
-// per test: each test gets a schema of its own (migrated) and a RabbitMQ
-// virtual host of its own, both removed when the test ends.
+// per test: each test gets a schema of its own (migrated), in a database of
+// its own when it holds a snapshot open, and a RabbitMQ virtual host of its
+// own, all removed when the test ends.
 //
 // The servers come from TEST_DATABASE_URL and TEST_AMQP_URL (CI and this
 // repository's .ci/run set them). When those are unset, the servers are
@@ -200,6 +201,8 @@ type DB struct {
 	URL string
 	// Pool is a pool on URL, closed when the test ends.
 	Pool *pgxpool.Pool
+	// alone is set when the schema is in a database of its own.
+	alone bool
 }
 
 // NewDB creates a schema, applies the migrations to it and drops it when
@@ -214,11 +217,35 @@ func NewDB(tb testing.TB) *DB {
 // applies the rest.
 func NewDBAt(tb testing.TB, version int64) *DB {
 	tb.Helper()
+	return newDB(tb, getServers(tb).databaseURL, version)
+}
+
+// NewDBAlone is NewDB in a database of its own, created for the test and
+// dropped when it ends. A snapshot held open keeps back the cleanup of
+// every table in its database, whatever the schema: in the shared
+// database, the index entries of every row that other tests end would
+// stay for the snapshot's life, and their scans would read them. The
+// tests that hold one (HoldSnapshot) run here, so that they neither slow
+// the others nor are slowed by the others' snapshots.
+func NewDBAlone(tb testing.TB) *DB {
+	tb.Helper()
 	s := getServers(tb)
+	dbURL, drop, err := sandbox.CreateDatabase(context.WithoutCancel(tb.Context()), s.databaseURL, uniqueName())
+	require.NoError(tb, err)
+	tb.Cleanup(drop)
+	db := newDB(tb, dbURL, 0)
+	db.alone = true
+	return db
+}
+
+// newDB creates a schema in the database at databaseURL and applies the
+// migrations to it up to version.
+func newDB(tb testing.TB, databaseURL string, version int64) *DB {
+	tb.Helper()
 	ctx := context.WithoutCancel(tb.Context())
 	schema := uniqueName()
 
-	dbURL, drop, err := sandbox.CreateSchema(ctx, s.databaseURL, schema)
+	dbURL, drop, err := sandbox.CreateSchema(ctx, databaseURL, schema)
 	require.NoError(tb, err)
 	tb.Cleanup(drop)
 
@@ -290,9 +317,10 @@ func (db *DB) Exec(tb testing.TB, sql string, args ...any) {
 // and takes its snapshot, held until the test ends: as an analytics query,
 // pg_dump or a standby's feedback holds one, vacuum may remove no row
 // version that ends after it, and the index entries of every row that
-// ends from here on stay.
+// ends from here on stay. It needs a database of its own (NewDBAlone).
 func (db *DB) HoldSnapshot(tb testing.TB) {
 	tb.Helper()
+	require.True(tb, db.alone, "a snapshot held in the shared database keeps back the cleanup of every test's tables: hold one in a database of its own (testenv.NewDBAlone)")
 	ctx := context.WithoutCancel(tb.Context())
 	tx, err := db.Session(tb).BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
 	require.NoError(tb, err)
@@ -328,18 +356,24 @@ func SessionStat(tb testing.TB, conn *pgx.Conn, query string) int {
 	return n
 }
 
-// sweepStale removes schemas and virtual hosts left behind by runs that were
-// killed before their cleanups ran.
+// sweepStale removes schemas, databases and virtual hosts left behind by
+// runs that were killed before their cleanups ran.
 func sweepStale(s *serverSet) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if conn, err := pgx.Connect(ctx, s.databaseURL); err == nil {
-		rows, err := conn.Query(ctx, "SELECT nspname FROM pg_namespace WHERE nspname LIKE 't\\_%'")
-		if err == nil {
+		for query, drop := range map[string]func(string, string){
+			"SELECT nspname FROM pg_namespace WHERE nspname LIKE 't\\_%'": sandbox.DropSchema,
+			"SELECT datname FROM pg_database WHERE datname LIKE 't\\_%'":  sandbox.DropDatabase,
+		} {
+			rows, err := conn.Query(ctx, query)
+			if err != nil {
+				continue
+			}
 			names, _ := pgx.CollectRows(rows, pgx.RowTo[string])
 			for _, n := range names {
 				if isStale(n) {
-					sandbox.DropSchema(s.databaseURL, n)
+					drop(s.databaseURL, n)
 				}
 			}
 		}
