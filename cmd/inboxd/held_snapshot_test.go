@@ -16,26 +16,30 @@ import (
 // remove none, and a scan may not even mark them dead. What an order reads
 // must not grow with them. A real inboxd handles 300 orders on a clean
 // server; then, with a snapshot held, 3,000 orders end, and the next 300
-// are counted; then 3,000 more end, and 300 more are counted. Counted by
+// are counted; then 9,000 more end, and 300 more are counted. Counted by
 // PostgreSQL, not timed: entries returned by index scans (dead ones
 // included), sequential scans and the rows they return (the row versions
 // a sequential scan steps over unseen are not counted, so the number of
-// scans is held to the clean round's). Each counted round may read at
-// most twice the clean round's entries plus two an order (the keepers'
-// rounds read the entries of what ended since the last one), and the
-// second no more than the first plus a quarter: a statement that read
-// every ended row once a round would fail at the second.
+// scans is held to the clean round's).
+//
+// Under the snapshot, every claim reads past the entries of what ended
+// since its floor was last raised, a fraction of a second's worth: how
+// many depends on how the processes are scheduled, and the counts of one
+// round move by a third from run to run (outbox: 3,207 clean, 4,129 and
+// 6,307 held, in a run of the suite under the race detector). So each
+// counted round may read at most twice the clean round's entries plus
+// four an order, and the second at most the first plus half the 9,000
+// that ended between them: a statement that read every ended row once a
+// round would read 9,000 more at the second.
 //
 // This is the flow's side of what the claim floors promise the claims
 // (TestAClaimUnderAnOldSnapshotSkipsTheEndedRows): every statement an
 // order runs, the keepers' and the relay's included. With the floors left
 // where they start (the keepers never raising them), the index entries
 // read for 300 orders went from 4,382 to 128,452 (inbox) at the first
-// counted round, and from 4,255 to 68,017, then 109,775 (outbox); with
-// them, from 3,960 to 6,198 and 6,013 (inbox), 3,109 to 5,605 and 5,294
-// (outbox), every other table flat, no sequential scan. The test has a
-// database of its own: a snapshot held in a database keeps back the
-// cleanup of every schema in it.
+// counted round, and from 4,255 to 68,017, then 109,775 (outbox). The
+// test has a database of its own: a snapshot held in a database keeps
+// back the cleanup of every schema in it.
 func TestAHeldSnapshotDoesNotGrowWhatAnOrderReads(t *testing.T) {
 	t.Parallel()
 	b := setupIn(t, testenv.NewDBAlone(t))
@@ -60,22 +64,22 @@ func TestAHeldSnapshotDoesNotGrowWhatAnOrderReads(t *testing.T) {
 
 	clean := counted(orders) // plans made, floors raised
 	b.db.HoldSnapshot(t)
-	const ended = 3000
+	const ended, more = 3000, 9000
 	held := counted(ended)
-	heldMore := counted(ended)
+	heldMore := counted(more)
 
 	for table, c := range clean {
 		h, m := held[table], heldMore[table]
 		t.Logf("%s: index entries %d clean, %d and %d with %d and %d orders ended under a held snapshot; sequential scans %d, %d, %d (rows %d, %d, %d)",
-			table, c.idx, h.idx, m.idx, ended, 2*ended, c.scans, h.scans, m.scans, c.seq, h.seq, m.seq)
+			table, c.idx, h.idx, m.idx, ended, ended+more, c.scans, h.scans, m.scans, c.seq, h.seq, m.seq)
 		for _, r := range []struct {
 			ended int
 			reads tableReads
-		}{{ended, h}, {2 * ended, m}} {
-			require.LessOrEqual(t, r.reads.idx, 2*c.idx+2*orders, "%s: index entries read for %d orders with %d ended under a held snapshot, against %d before it", table, orders, r.ended, c.idx)
+		}{{ended, h}, {ended + more, m}} {
+			require.LessOrEqual(t, r.reads.idx, 2*c.idx+4*orders, "%s: index entries read for %d orders with %d ended under a held snapshot, against %d before it", table, orders, r.ended, c.idx)
 			require.LessOrEqual(t, r.reads.scans, c.scans+10, "%s: sequential scans for %d orders with %d ended under a held snapshot, against %d before it", table, orders, r.ended, c.scans)
-			require.LessOrEqual(t, r.reads.seq, 2*c.seq+2*orders, "%s: rows read by sequential scans for %d orders with %d ended under a held snapshot, against %d before it", table, orders, r.ended, c.seq)
+			require.LessOrEqual(t, r.reads.seq, 2*c.seq+4*orders, "%s: rows read by sequential scans for %d orders with %d ended under a held snapshot, against %d before it", table, orders, r.ended, c.seq)
 		}
-		require.LessOrEqual(t, m.idx, h.idx+h.idx/4+2*orders, "%s: index entries read for %d orders with %d ended under a held snapshot, against %d with %d", table, orders, 2*ended, h.idx, ended)
+		require.LessOrEqual(t, m.idx, h.idx+more/2, "%s: index entries read for %d orders with %d ended under a held snapshot, against %d with %d", table, orders, ended+more, h.idx, ended)
 	}
 }
