@@ -24,9 +24,10 @@ import (
 //
 // Under the snapshot, every claim reads past the entries of what ended
 // since its floor was last raised, a fraction of a second's worth: how
-// many depends on how the processes are scheduled, and the counts of one
-// round move by a third from run to run (outbox: 3,207 clean, 4,129 and
-// 6,307 held, in a run of the suite under the race detector). So each
+// many depends on how the processes are scheduled, and a held round's
+// count moves by a third or more from round to round (outbox: 3,887 and
+// 3,071, 5,040 and 5,678, 3,724 and 4,943 in three runs under the race
+// detector; 4,129 and 6,307 once in CI, beside the whole suite). So each
 // counted round may read at most twice the clean round's entries plus
 // four an order, and the second at most the first plus half the 9,000
 // that ended between them: a statement that read every ended row once a
@@ -38,8 +39,7 @@ import (
 // where they start (the keepers never raising them), the index entries
 // read for 300 orders went from 4,382 to 128,452 (inbox) at the first
 // counted round, and from 4,255 to 68,017, then 109,775 (outbox). The
-// test has a database of its own: a snapshot held in a database keeps
-// back the cleanup of every schema in it.
+// test has a database of its own (testenv.NewDBAlone).
 func TestAHeldSnapshotDoesNotGrowWhatAnOrderReads(t *testing.T) {
 	t.Parallel()
 	b := setupIn(t, testenv.NewDBAlone(t))
@@ -78,7 +78,7 @@ func TestAHeldSnapshotDoesNotGrowWhatAnOrderReads(t *testing.T) {
 		}{{ended, h}, {ended + more, m}} {
 			require.LessOrEqual(t, r.reads.idx, 2*c.idx+4*orders, "%s: index entries read for %d orders with %d ended under a held snapshot, against %d before it", table, orders, r.ended, c.idx)
 			require.LessOrEqual(t, r.reads.scans, c.scans+10, "%s: sequential scans for %d orders with %d ended under a held snapshot, against %d before it", table, orders, r.ended, c.scans)
-			require.LessOrEqual(t, r.reads.seq, 2*c.seq+4*orders, "%s: rows read by sequential scans for %d orders with %d ended under a held snapshot, against %d before it", table, orders, r.ended, c.seq)
+			require.LessOrEqual(t, r.reads.seq, 2*c.seq+2*orders, "%s: rows read by sequential scans for %d orders with %d ended under a held snapshot, against %d before it", table, orders, r.ended, c.seq)
 		}
 		require.LessOrEqual(t, m.idx, h.idx+more/2, "%s: index entries read for %d orders with %d ended under a held snapshot, against %d with %d", table, orders, ended+more, h.idx, ended)
 	}

@@ -26,7 +26,7 @@ import (
 func TestALockedStockRowStallsOnlyItsOrders(t *testing.T) {
 	t.Parallel()
 	hold := lockHold(t, 10*time.Second)
-	db, broker := testenv.NewDB(t), testenv.NewBroker(t)
+	db, broker := testenv.NewDBAlone(t), testenv.NewBroker(t)
 	require.NoError(t, loadgen.DeclareTopology(broker.URL, "quorum"))
 	b := &e2eBundle{db: db, broker: broker}
 	const skus = 7

@@ -44,7 +44,7 @@ type lockCase struct {
 func TestEveryHeldRowStallsOnlyItsOrder(t *testing.T) {
 	t.Parallel()
 	hold := lockHold(t, 5*time.Second)
-	db, broker := testenv.NewDB(t), testenv.NewBroker(t)
+	db, broker := testenv.NewDBAlone(t), testenv.NewBroker(t)
 	require.NoError(t, loadgen.DeclareTopology(broker.URL, "quorum"))
 	b := &e2eBundle{db: db, broker: broker}
 	_, err := db.Pool.Exec(t.Context(), "INSERT INTO stock (sku, available) SELECT 'HSKU-' || n, $1 FROM generate_series(0, 6) n", initialStock)

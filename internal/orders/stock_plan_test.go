@@ -64,10 +64,11 @@ func TestTheLockFunctionsReadAnIndexOnceTheTableHasGrown(t *testing.T) {
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
-			db := testenv.NewDB(t)
+			newDB := testenv.NewDB
 			if c.holdOpen {
-				db = testenv.NewDBAlone(t)
+				newDB = testenv.NewDBAlone
 			}
+			db := newDB(t)
 			ctx := t.Context()
 			_, err := db.Pool.Exec(ctx, c.fill)
 			require.NoError(t, err)

@@ -63,7 +63,12 @@ func CreateDatabase(ctx context.Context, serverURL, name string) (string, func()
 	if _, err := conn.Exec(ctx, "CREATE DATABASE "+pgx.Identifier{name}.Sanitize()); err != nil {
 		return "", nil, fmt.Errorf("create database %s: %w", name, err)
 	}
+	// The path names the database, unless the query names another.
 	u.Path, u.RawPath = "/"+name, ""
+	q := u.Query()
+	q.Del("dbname")
+	q.Del("database")
+	u.RawQuery = q.Encode()
 	return u.String(), func() { DropDatabase(serverURL, name) }, nil
 }
 

@@ -10,6 +10,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/orderconfirm/inboxd/internal/testenv"
 )
 
 var benchDuration = flag.Duration("statuspage.bench-duration", 30*time.Second, "how long BenchmarkStatusPageLoad sends requests")
@@ -26,7 +28,7 @@ func BenchmarkStatusPageLoad(b *testing.B) {
 }
 
 func benchmarkLoad(b *testing.B, perSecond int, d time.Duration) {
-	tb := setupBench(b)
+	tb := setupIn(b, testenv.NewDB(b))
 	client := &http.Client{Timeout: 5 * time.Second}
 	var sent, failed atomic.Int64
 	var wg sync.WaitGroup

@@ -32,13 +32,12 @@ type testBundle struct {
 
 func setup(t *testing.T) *testBundle {
 	t.Helper()
-	return setupBench(t)
+	return setupIn(t, testenv.NewDB(t))
 }
 
-// setupBench is setup for a test or a benchmark.
-func setupBench(t testing.TB) *testBundle {
+// setupIn is setup in db, for a test or a benchmark.
+func setupIn(t testing.TB, db *testenv.DB) *testBundle {
 	t.Helper()
-	db := testenv.NewDB(t)
 	seedKnownStates(t, db)
 	pc, err := pgxpool.ParseConfig(db.URL)
 	require.NoError(t, err)
@@ -285,7 +284,7 @@ func TestStatusPageCountsReplies(t *testing.T) {
 // page; a session that only reads is not.
 func TestStatusPageShowsSessionsHoldingRows(t *testing.T) {
 	t.Parallel()
-	b := setup(t)
+	b := setupIn(t, testenv.NewDBAlone(t))
 	ctx := context.WithoutCancel(t.Context())
 	holder := b.db.Session(t)
 	_, err := holder.Exec(ctx, "SET application_name = 'psql-alice'")

@@ -40,7 +40,8 @@ import (
 	"github.com/orderconfirm/inboxd/internal/sandbox"
 )
 
-// namePrefix starts the name of every schema and virtual host made here; the
+// namePrefix starts the name of every schema, database and virtual host
+// made here; the
 // creation time follows, so that leftovers of killed runs can be recognised
 // and removed.
 const namePrefix = "t_"
@@ -51,8 +52,8 @@ const (
 	localAMQPURL     = "amqp://guest:guest@127.0.0.1:5672/"
 )
 
-// staleAfter is the age after which a leftover schema or virtual host is
-// removed by the next run.
+// staleAfter is the age after which a leftover schema, database or virtual
+// host is removed by the next run.
 const staleAfter = 30 * time.Minute
 
 var (
@@ -221,12 +222,14 @@ func NewDBAt(tb testing.TB, version int64) *DB {
 }
 
 // NewDBAlone is NewDB in a database of its own, created for the test and
-// dropped when it ends. A snapshot held open keeps back the cleanup of
-// every table in its database, whatever the schema: in the shared
-// database, the index entries of every row that other tests end would
-// stay for the snapshot's life, and their scans would read them. The
-// tests that hold one (HoldSnapshot) run here, so that they neither slow
-// the others nor are slowed by the others' snapshots.
+// dropped when it ends. A snapshot held open, or a transaction that holds
+// row locks (its transaction id), keeps back the cleanup of every table in
+// its database, whatever the schema (PostgreSQL 14 and later; before, of
+// every database): in the shared database, the index entries of every
+// row that other tests end would stay meanwhile, and their scans would
+// read them. The tests that hold either for seconds (HoldSnapshot, a lock
+// left open) run here, so that they neither slow the others nor are
+// slowed by the others' holds. Dropping a database takes a checkpoint.
 func NewDBAlone(tb testing.TB) *DB {
 	tb.Helper()
 	s := getServers(tb)
@@ -320,7 +323,7 @@ func (db *DB) Exec(tb testing.TB, sql string, args ...any) {
 // ends from here on stay. It needs a database of its own (NewDBAlone).
 func (db *DB) HoldSnapshot(tb testing.TB) {
 	tb.Helper()
-	require.True(tb, db.alone, "a snapshot held in the shared database keeps back the cleanup of every test's tables: hold one in a database of its own (testenv.NewDBAlone)")
+	require.True(tb, db.alone, "HoldSnapshot needs a database of its own (testenv.NewDBAlone)")
 	ctx := context.WithoutCancel(tb.Context())
 	tx, err := db.Session(tb).BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
 	require.NoError(tb, err)
