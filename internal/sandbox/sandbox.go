@@ -37,14 +37,7 @@ func CreateSchema(ctx context.Context, databaseURL, schema string) (string, func
 // DropSchema drops schema with everything in it, if it exists. It gives
 // up quietly: what it leaves, a later sweep removes.
 func DropSchema(databaseURL, schema string) {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	conn, err := pgx.Connect(ctx, databaseURL)
-	if err != nil {
-		return
-	}
-	defer func() { _ = conn.Close(ctx) }()
-	_, _ = conn.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
+	execQuietly(databaseURL, "DROP SCHEMA IF EXISTS "+pgx.Identifier{schema}.Sanitize()+" CASCADE")
 }
 
 // CreateDatabase creates database name on the server at serverURL. It
@@ -75,14 +68,20 @@ func CreateDatabase(ctx context.Context, serverURL, name string) (string, func()
 // DropDatabase drops database name, if it exists, ending the sessions
 // still connected to it. It gives up quietly, as DropSchema does.
 func DropDatabase(serverURL, name string) {
+	execQuietly(serverURL, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+}
+
+// execQuietly runs sql on a connection of its own to databaseURL, within
+// a minute, and ignores its failure.
+func execQuietly(databaseURL, sql string) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	conn, err := pgx.Connect(ctx, serverURL)
+	conn, err := pgx.Connect(ctx, databaseURL)
 	if err != nil {
 		return
 	}
 	defer func() { _ = conn.Close(ctx) }()
-	_, _ = conn.Exec(ctx, "DROP DATABASE IF EXISTS "+pgx.Identifier{name}.Sanitize()+" WITH (FORCE)")
+	_, _ = conn.Exec(ctx, sql)
 }
 
 // CreateVhost creates the virtual host vhost through admin and gives the
