@@ -1,7 +1,8 @@
 // Package testenv gives tests real PostgreSQL and RabbitMQ servers, isolated
 // per test: each test gets a schema of its own (migrated), in a database of
-// its own when it holds a snapshot open, and a RabbitMQ virtual host of its
-// own, all removed when the test ends.
+// its own when it holds a snapshot or row locks open for seconds
+// (NewDBAlone), and a RabbitMQ virtual host of its own, all removed when
+// the test ends.
 //
 // The servers come from TEST_DATABASE_URL and TEST_AMQP_URL (CI and this
 // repository's .ci/run set them). When those are unset, the servers are
