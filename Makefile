@@ -53,7 +53,7 @@ lint: $(STATICCHECK) ## gofmt, go vet and staticcheck
 
 .PHONY: test
 test: $(SQLC) ## Run every test against real PostgreSQL and RabbitMQ (see README)
-	SQLC=$(SQLC) $(GO) test -count=1 -timeout 10m ./...
+	SQLC=$(SQLC) $(GO) test -count=1 -timeout 20m ./...
 ifneq ($(TEST_DATABASE_URL),)
 	$(MAKE) --no-print-directory test-disruptive
 endif
@@ -69,7 +69,7 @@ chaos: ## Two inboxd processes, 20,000 orders, kills and disconnections at rando
 
 .PHONY: test-race
 test-race: $(SQLC) ## Run every test with the race detector (-short: not the million-row measurement)
-	SQLC=$(SQLC) $(GO) test -race -short -count=1 -timeout 15m ./...
+	SQLC=$(SQLC) $(GO) test -race -short -count=1 -timeout 20m ./...
 
 .PHONY: fuzz
 fuzz: ## Fuzz message decoding for a minute
