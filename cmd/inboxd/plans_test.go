@@ -165,9 +165,8 @@ func TestStatementsReadIndexesOnceTheTablesHaveGrown(t *testing.T) {
 	reads := b.readsWhile(t, p, func() { publish(3) })
 
 	for table, r := range reads {
-		seq, idx := r.seq, r.idx
-		t.Logf("%s: %d rows by sequential scans, %d by index, for %d orders", table, seq, idx, orders)
-		require.Less(t, seq, history/10, fmt.Sprintf("%s: rows read by sequential scans for %d orders", table, orders))
-		require.Less(t, idx, 100*orders, fmt.Sprintf("%s: entries read by index scans for %d orders", table, orders))
+		t.Logf("%s: %d rows by sequential scans, %d by index, for %d orders", table, r.seq, r.idx, orders)
+		require.Less(t, r.seq, history/10, fmt.Sprintf("%s: rows read by sequential scans for %d orders", table, orders))
+		require.Less(t, r.idx, 100*orders, fmt.Sprintf("%s: entries read by index scans for %d orders", table, orders))
 	}
 }
