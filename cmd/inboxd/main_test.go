@@ -96,8 +96,14 @@ func startBinary(t *testing.T, path string, env []string) *process {
 	}()
 	t.Cleanup(func() {
 		p.kill()
+		b, _ := os.ReadFile(logs)
+		// A race-built inboxd (make test-race) reports a data race on its
+		// stderr and goes on; most tests end it with SIGKILL, so its exit
+		// status cannot tell. Its log does.
+		if i := bytes.Index(b, []byte("WARNING: DATA RACE")); i >= 0 {
+			t.Errorf("inboxd (pid %d) reported a data race:\n%s", cmd.Process.Pid, b[i:min(len(b), i+10000)])
+		}
 		if t.Failed() {
-			b, _ := os.ReadFile(logs)
 			if len(b) > 20000 {
 				b = b[len(b)-20000:]
 			}
