@@ -25,6 +25,7 @@ import (
 // under its id (copies counted), and ingest stores again within 10 seconds
 // of each kill.
 func TestPartitionedIngestThroughBrokerNodeKills(t *testing.T) {
+	t.Parallel()
 	c := testenv.NewCluster(t, 3)
 	db := testenv.NewDB(t)
 	stockUp(t, db.Pool)

@@ -21,6 +21,7 @@ import (
 // producer is stored and handled once, and every event arrives downstream,
 // under its one id.
 func TestIngestFollowsTheClusterWhenItsNodeIsKilled(t *testing.T) {
+	t.Parallel()
 	c := testenv.NewCluster(t, 3)
 	db := testenv.NewDB(t)
 	stockUp(t, db.Pool)
