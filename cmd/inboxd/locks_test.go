@@ -34,8 +34,9 @@ type lockCase struct {
 // Acceptance: an owner's transaction holds, in turn, an order's
 // order_confirmations row, its stock_reservations rows and its outbox rows
 // while that order's cancellation arrives, and an operator's session, its
-// timeouts set to 0, holds an order's pending inbox row; meanwhile orders of
-// other keys flow at 30 a second. During each lock every other order
+// timeouts set to 0, holds an order's pending inbox row with an UPDATE left
+// uncommitted while a copy of that message and its cancellation arrive;
+// meanwhile orders of other keys flow at 30 a second. During each lock every other order
 // published is processed while the lock is still held; the held order's
 // message waits (with its reason where it is claimed), spends no attempt,
 // and is processed once the lock ends; nothing is dead or abandoned.
@@ -160,7 +161,8 @@ func heldOrderCancelled(id string) loadgen.Message {
 
 // heldRowCases are the four locks, each on an order of its own. The last
 // is an inbox row: staged by the owner as ingest would store it, due a
-// moment later, and held by an operator's session with its timeouts off.
+// moment later, and held by an operator's session with its timeouts off,
+// which has updated it; a copy of its message arrives meanwhile.
 func heldRowCases(t *testing.T, db *testenv.DB) []lockCase {
 	lockThen := func(query, id string) func(t *testing.T, tx pgx.Tx) ([]loadgen.Message, func()) {
 		return func(t *testing.T, tx pgx.Tx) ([]loadgen.Message, func()) {
@@ -192,9 +194,15 @@ func heldRowCases(t *testing.T, db *testenv.DB) []lockCase {
 				require.NoError(t, err)
 				tx, err := op.Begin(t.Context())
 				require.NoError(t, err)
-				_, err = tx.Exec(t.Context(), "SELECT 1 FROM inbox WHERE message_id = $1 FOR UPDATE", m.MessageID)
+				// A replay asked for in a transaction left open: the flag is
+				// dropped (the row is pending), but the row is rewritten and
+				// stays locked until the session ends.
+				_, err = tx.Exec(t.Context(), "UPDATE inbox SET replay_requested = true, replay_reason = 'looking' WHERE message_id = $1", m.MessageID)
 				require.NoError(t, err)
-				return []loadgen.Message{heldOrderCancelled("held-inb")}, func() {
+				// The producer sends the order again meanwhile: a copy of the
+				// held row, which ingest must know for one without waiting for
+				// the operator's transaction to end.
+				return []loadgen.Message{m, heldOrderCancelled("held-inb")}, func() {
 					require.NoError(t, tx.Rollback(t.Context()))
 				}
 			}},
