@@ -420,7 +420,7 @@ func TestMain_ConfigurationErrors(t *testing.T) {
 			}
 			cmd := exec.Command(inboxdPath, "serve")
 			cmd.Env = env
-			out, err := cmd.CombinedOutput()
+			out, err := combinedOutput(t, cmd)
 			require.Error(t, err, "a bad configuration fails at start")
 			text := strings.TrimRight(string(out), "\n")
 			require.NotContains(t, text, "\n", "one line")

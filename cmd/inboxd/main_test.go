@@ -97,12 +97,7 @@ func startBinary(t *testing.T, path string, env []string) *process {
 	t.Cleanup(func() {
 		p.kill()
 		b, _ := os.ReadFile(logs)
-		// A race-built inboxd (make test-race) reports a data race on its
-		// stderr and goes on; most tests end it with SIGKILL, so its exit
-		// status cannot tell. Its log does.
-		if i := bytes.Index(b, []byte("WARNING: DATA RACE")); i >= 0 {
-			t.Errorf("inboxd (pid %d) reported a data race:\n%s", cmd.Process.Pid, b[i:min(len(b), i+10000)])
-		}
+		failOnRace(t, cmd, b)
 		if t.Failed() {
 			if len(b) > 20000 {
 				b = b[len(b)-20000:]
@@ -111,6 +106,27 @@ func startBinary(t *testing.T, path string, env []string) *process {
 		}
 	})
 	return p
+}
+
+// combinedOutput runs cmd, an inboxd command, and returns its combined
+// output and error, failing the test on a data race reported in it.
+func combinedOutput(t *testing.T, cmd *exec.Cmd) ([]byte, error) {
+	t.Helper()
+	out, err := cmd.CombinedOutput()
+	failOnRace(t, cmd, out)
+	return out, err
+}
+
+// failOnRace fails the test with the report when out, the output of the
+// inboxd process cmd ran, holds a data race. A race-built inboxd (make
+// test-race builds the ones the tests run) reports a race on its stderr and
+// goes on; the tests end most of them with SIGKILL or expect them to fail,
+// so the exit status cannot tell. The output does.
+func failOnRace(t *testing.T, cmd *exec.Cmd, out []byte) {
+	t.Helper()
+	if i := bytes.Index(out, []byte("WARNING: DATA RACE")); i >= 0 {
+		t.Errorf("inboxd (pid %d) reported a data race:\n%s", cmd.Process.Pid, out[i:min(len(out), i+10000)])
+	}
 }
 
 // kill sends SIGKILL and waits for the process to die.

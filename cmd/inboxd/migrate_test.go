@@ -21,7 +21,7 @@ func runInboxd(t *testing.T, command string, env ...string) (string, bool) {
 	t.Helper()
 	cmd := exec.Command(inboxdPath, command)
 	cmd.Env = env
-	out, err := cmd.CombinedOutput()
+	out, err := combinedOutput(t, cmd)
 	return string(out), err == nil
 }
 

@@ -161,7 +161,7 @@ func TestServeRefusesAnInboxQueueWithoutSingleActiveConsumer(t *testing.T) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, inboxdPath, "serve")
 	cmd.Env = serviceEnv(db, rabbit)
-	out, err := cmd.CombinedOutput()
+	out, err := combinedOutput(t, cmd)
 	require.Error(t, err, "serve fails at start")
 	require.NoError(t, ctx.Err(), "serve fails at start rather than running on")
 	lines := strings.Split(strings.TrimRight(string(out), "\n"), "\n")

@@ -155,7 +155,7 @@ func TestServeWithoutMigratingChecksTheSchema(t *testing.T) {
 
 	cmd := exec.Command(inboxdPath, "serve")
 	cmd.Env = []string{"DATABASE_URL=" + u.String(), "AMQP_URL=amqp://guest:guest@127.0.0.1:1/", "INBOX_MIGRATE=false"}
-	out, err := cmd.CombinedOutput()
+	out, err := combinedOutput(t, cmd)
 	require.Error(t, err)
 	require.Contains(t, string(out), "the schema is not migrated: run inboxd migrate")
 
@@ -163,7 +163,7 @@ func TestServeWithoutMigratingChecksTheSchema(t *testing.T) {
 	require.NoError(t, err)
 	cmd = exec.Command(inboxdPath, "serve")
 	cmd.Env = []string{"DATABASE_URL=" + db.URL, "AMQP_URL=amqp://guest:guest@127.0.0.1:1/", "INBOX_MIGRATE=false"}
-	out, err = cmd.CombinedOutput()
+	out, err = combinedOutput(t, cmd)
 	require.Error(t, err)
 	require.Regexp(t, `the schema is at migration \d+, this build needs \d+: run inboxd migrate`, string(out))
 }

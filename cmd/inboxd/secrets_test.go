@@ -73,6 +73,7 @@ func runBriefly(t *testing.T, env ...string) string {
 			<-done
 		}
 	}
+	failOnRace(t, cmd, out.Bytes())
 	return out.String()
 }
 

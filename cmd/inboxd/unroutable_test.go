@@ -54,7 +54,7 @@ func TestUnroutableEventsWaitAndAreRedelivered(t *testing.T) {
 	defer cancel()
 	cmd := exec.CommandContext(ctx, inboxdPath, "redeliver-unroutable")
 	cmd.Env = env
-	out, err := cmd.CombinedOutput()
+	out, err := combinedOutput(t, cmd)
 	require.NoError(t, err, "%s", out)
 	require.Contains(t, string(out), "redelivered 400 events from order-confirmation.unroutable; 0 wait there still")
 
