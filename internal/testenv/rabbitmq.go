@@ -62,9 +62,10 @@ func (b *Broker) Queue(tb testing.TB, queue string) amqp.Queue {
 
 // Receive consumes n messages from a queue of the virtual host (acking
 // them) and returns them, failing the test if a minute passes without one
-// arriving. The minute is counted from the last message, not the first:
-// sixteen bodies of 24 MiB take half a minute to read under the race
-// detector alone, and longer beside the other packages' tests.
+// arriving. The minute is counted from the last message, not the first: a
+// test's messages may take longer than that to read (sixteen bodies of
+// 24 MiB took over a minute under the race detector beside the other
+// packages' tests), but a stalled queue still fails within a minute.
 func (b *Broker) Receive(tb testing.TB, queue string, n int) []amqp.Delivery {
 	tb.Helper()
 	conn, err := amqp.Dial(b.URL)
@@ -79,7 +80,10 @@ func (b *Broker) Receive(tb testing.TB, queue string, n int) []amqp.Delivery {
 	defer idle.Stop()
 	for len(got) < n {
 		select {
-		case d := <-deliveries:
+		case d, ok := <-deliveries:
+			if !ok {
+				require.FailNowf(tb, "consumer closed", "the broker closed the consumer of %s after %d of %d messages", queue, len(got), n)
+			}
 			got = append(got, d)
 			idle.Reset(time.Minute)
 		case <-idle.C:
