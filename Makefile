@@ -68,7 +68,7 @@ chaos: ## Two inboxd processes, 20,000 orders, kills and disconnections at rando
 		| grep -v '^=== \|^        {'
 
 .PHONY: test-race
-test-race: $(SQLC) ## Run every test with the race detector (-short: not the million-row measurement)
+test-race: $(SQLC) ## Run every test with the race detector, inboxd built with it too (-short: see README)
 	SQLC=$(SQLC) $(GO) test -race -short -count=1 -timeout 20m ./...
 
 .PHONY: fuzz

@@ -36,10 +36,11 @@ type lockCase struct {
 // while that order's cancellation arrives, and an operator's session, its
 // timeouts set to 0, holds an order's pending inbox row with an UPDATE left
 // uncommitted while a copy of that message and its cancellation arrive;
-// meanwhile orders of other keys flow at 30 a second. During each lock every other order
-// published is processed while the lock is still held; the held order's
-// message waits (with its reason where it is claimed), spends no attempt,
-// and is processed once the lock ends; nothing is dead or abandoned.
+// meanwhile orders of other keys flow at 30 a second. During each lock
+// every other order published is processed while the lock is still held;
+// the held order's message waits (with its reason where it is claimed),
+// spends no attempt, and is processed once the lock ends; nothing is dead
+// or abandoned.
 // LOCK_TEST_SECONDS sets how long each lock is held (5 by default; the
 // issue's figure is of 30).
 func TestEveryHeldRowStallsOnlyItsOrder(t *testing.T) {
