@@ -1,6 +1,7 @@
 package main
 
 import (
+	"encoding/json"
 	"fmt"
 	"testing"
 	"time"
@@ -210,4 +211,44 @@ func TestOutOfRangeQuantitiesEndDead(t *testing.T) {
 	}
 	require.Zero(t, b.count(t, "SELECT count(*) FROM order_confirmations"))
 	require.Zero(t, b.count(t, "SELECT count(*) FROM stock_levels WHERE available <> $1", initialStock), "stock unchanged")
+}
+
+// Acceptance: producer text that would mislead downstream (a header
+// injection in an email, a spoofed address, a terminal escape in an order
+// id or a SKU) ends dead with its reason, from a separate producer, and
+// nothing of it is passed on; the good order beside it is confirmed.
+func TestTextThatWouldMisleadDownstreamEndsDead(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	startProcess(t, serviceEnv(b.db, b.broker))
+	created := func(orderID, email, sku string) []byte {
+		body, err := json.Marshal(map[string]any{"orderId": orderID, "userId": "u", "email": email,
+			"items": []map[string]any{{"sku": sku, "quantity": 1}}})
+		require.NoError(t, err)
+		return body
+	}
+	bad := map[string]struct {
+		routingKey string
+		body       []byte
+		reason     string
+	}{
+		"crlf-email":    {orders.TypeOrderCreated, created("o-crlf", "a@example.com\r\nBcc: all@example.com", "SKU-1"), "email holds the control character U+000D"},
+		"rlo-email":     {orders.TypeOrderCreated, created("o-rlo", "a@\u202emoc.elpmaxe", "SKU-1"), "email holds the bidirectional formatting character U+202E"},
+		"escape-order":  {orders.TypeOrderCreated, created("o-\x1b[31mred", "a@example.com", "SKU-1"), "orderId holds the control character U+001B"},
+		"escape-sku":    {orders.TypeOrderCreated, created("o-sku", "a@example.com", "SKU-1\x1b]0;x\x07"), "items[0].sku holds the control character U+001B"},
+		"escape-cancel": {orders.TypeOrderCancelled, []byte(`{"orderId":"o-\u009bcancel","reason":"r"}`), "orderId holds the control character U+009B"},
+	}
+	msgs := []loadgen.Message{{MessageID: "good", RoutingKey: orders.TypeOrderCreated, Body: loadgen.OrderCreatedBody("o-good", 1)}}
+	for id, m := range bad {
+		msgs = append(msgs, loadgen.Message{MessageID: id, RoutingKey: m.routingKey, Body: m.body})
+	}
+	require.NoError(t, loadgen.Publish(t.Context(), b.broker.URL, msgs, 10))
+	b.waitDrained(t, len(msgs), 30*time.Second)
+	require.Equal(t, "processed", b.status(t, "good"))
+	for id, m := range bad {
+		require.Equal(t, "dead", b.status(t, id), id)
+		require.Contains(t, b.inboxText(t, "last_error", id), m.reason, id)
+	}
+	require.Equal(t, 1, b.count(t, "SELECT count(*) FROM order_confirmations"), "the good order only")
+	require.Zero(t, b.count(t, "SELECT count(*) FROM outbox WHERE payload::text !~ 'o-good'"), "no event of the misleading ones")
 }

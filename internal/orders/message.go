@@ -12,6 +12,8 @@ import (
 	"io"
 	"strconv"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/orderconfirm/inboxd/internal/inbox"
 )
@@ -181,9 +183,7 @@ func DecodeOrderCancelled(payload []byte) (OrderCancelled, error) {
 	}
 	var problems []string
 	problems = checkID(problems, "orderId", m.OrderID)
-	if strings.ContainsRune(m.Reason, 0) {
-		problems = append(problems, "reason holds a NUL character")
-	}
+	problems = checkText(problems, "reason", m.Reason)
 	if len(m.Reason) > maxReasonBytes {
 		problems = append(problems, fmt.Sprintf("reason is longer than %d bytes", maxReasonBytes))
 	}
@@ -204,6 +204,12 @@ func decodeJSON(payload []byte, v any) error {
 	return nil
 }
 
+// checkID checks an identifier the service passes on downstream (an order
+// id, user id, email or SKU): present, at most maxIDBytes, and free of
+// control characters (C0, DEL and C1: a CR LF is a header injection at a
+// mail service, an ESC a terminal escape in a log) and of the bidirectional
+// formatting characters that make text display other than it is (a
+// spoofed address).
 func checkID(problems []string, field, v string) []string {
 	switch {
 	case v == "":
@@ -212,6 +218,31 @@ func checkID(problems []string, field, v string) []string {
 		return append(problems, fmt.Sprintf("%s is longer than %d bytes", field, maxIDBytes))
 	case strings.ContainsRune(v, 0):
 		return append(problems, field+" holds a NUL character")
+	}
+	if i := strings.IndexFunc(v, unicode.IsControl); i >= 0 {
+		r, _ := utf8.DecodeRuneInString(v[i:])
+		return append(problems, fmt.Sprintf("%s holds the control character %U at byte %d", field, r, i))
+	}
+	if i := strings.IndexFunc(v, isBidiControl); i >= 0 {
+		r, _ := utf8.DecodeRuneInString(v[i:])
+		return append(problems, fmt.Sprintf("%s holds the bidirectional formatting character %U at byte %d", field, r, i))
+	}
+	return problems
+}
+
+// isBidiControl reports a character that changes the direction text is
+// shown in (Unicode's Bidi_Control: marks, embeddings, overrides, isolates).
+func isBidiControl(r rune) bool { return unicode.Is(unicode.Bidi_Control, r) }
+
+// checkText checks free text the service passes on (a cancellation's
+// reason): no control characters but tab and line feed.
+func checkText(problems []string, field, v string) []string {
+	if strings.ContainsRune(v, 0) {
+		return append(problems, field+" holds a NUL character")
+	}
+	if i := strings.IndexFunc(v, func(r rune) bool { return r != '\t' && r != '\n' && unicode.IsControl(r) }); i >= 0 {
+		r, _ := utf8.DecodeRuneInString(v[i:])
+		return append(problems, fmt.Sprintf("%s holds the control character %U at byte %d", field, r, i))
 	}
 	return problems
 }

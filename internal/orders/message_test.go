@@ -4,6 +4,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"unicode"
 
 	"github.com/stretchr/testify/require"
 
@@ -42,6 +43,17 @@ func TestDecodeOrderCreated(t *testing.T) {
 		"NULInOrderID":    {`{"orderId":"o\u0000","userId":"u","email":"a@b","items":[{"sku":"S","quantity":1}]}`, "orderId holds a NUL character"},
 		"LongOrderID":     {`{"orderId":"` + strings.Repeat("x", 256) + `","userId":"u","email":"a@b","items":[{"sku":"S","quantity":1}]}`, "longer than 255 bytes"},
 		"SeveralProblems": {`{"orderId":"o"}`, "userId is missing; email is missing; items is missing or empty"},
+		// Text passed on downstream: a header injection at the mail
+		// service, a spoofed address, a terminal escape in a log.
+		"CRLFInEmail":    {`{"orderId":"o","userId":"u","email":"a@b\r\nBcc: all@example.com","items":[{"sku":"S","quantity":1}]}`, "email holds the control character U+000D at byte 3"},
+		"LFInEmail":      {`{"orderId":"o","userId":"u","email":"a@b\nBcc: x@y","items":[{"sku":"S","quantity":1}]}`, "email holds the control character U+000A"},
+		"RLOInEmail":     {`{"orderId":"o","userId":"u","email":"a@\u202egro.example","items":[{"sku":"S","quantity":1}]}`, "email holds the bidirectional formatting character U+202E"},
+		"IsolateInEmail": {`{"orderId":"o","userId":"u","email":"a@\u2067b","items":[{"sku":"S","quantity":1}]}`, "email holds the bidirectional formatting character U+2067"},
+		"ESCInOrderID":   {`{"orderId":"o\u001b[2J","userId":"u","email":"a@b","items":[{"sku":"S","quantity":1}]}`, "orderId holds the control character U+001B at byte 1"},
+		"C1InOrderID":    {`{"orderId":"o\u009b","userId":"u","email":"a@b","items":[{"sku":"S","quantity":1}]}`, "orderId holds the control character U+009B"},
+		"DELInUserID":    {`{"orderId":"o","userId":"u\u007f","email":"a@b","items":[{"sku":"S","quantity":1}]}`, "userId holds the control character U+007F"},
+		"TabInSKU":       {`{"orderId":"o","userId":"u","email":"a@b","items":[{"sku":"S","quantity":1},{"sku":"S\t1","quantity":1}]}`, "items[1].sku holds the control character U+0009"},
+		"RLOInSKU":       {`{"orderId":"o","userId":"u","email":"a@b","items":[{"sku":"\u202eS","quantity":1}]}`, "items[0].sku holds the bidirectional formatting character U+202E"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
@@ -87,6 +99,24 @@ func TestDecodeOrderCancelled(t *testing.T) {
 
 	_, err = orders.DecodeOrderCancelled([]byte(`{"reason":"x"}`))
 	require.ErrorContains(t, err, "orderId is missing")
+
+	_, err = orders.DecodeOrderCancelled([]byte(`{"orderId":"o\r\n","reason":"x"}`))
+	require.ErrorContains(t, err, "orderId holds the control character U+000D")
+	_, err = orders.DecodeOrderCancelled([]byte(`{"orderId":"o","reason":"gone\u001b]0;pwned\u0007"}`))
+	require.ErrorContains(t, err, "reason holds the control character U+001B")
+	// A reason is free text: lines and tabs are fine, and so is any script.
+	m, err = orders.DecodeOrderCancelled([]byte(`{"orderId":"o","reason":"changed\tmind\nשונה"}`))
+	require.NoError(t, err)
+	require.Equal(t, "changed\tmind\nשונה", m.Reason)
+}
+
+// Identifiers in any script are fine: only control and bidirectional
+// formatting characters are refused.
+func TestDecodeOrderCreatedTakesAnyScript(t *testing.T) {
+	t.Parallel()
+	m, err := orders.DecodeOrderCreated([]byte(`{"orderId":"הזמנה-1","userId":"ユーザー","email":"δοκιμή@παράδειγμα.δοκιμή","items":[{"sku":"SKU-Ω","quantity":1}]}`))
+	require.NoError(t, err)
+	require.Equal(t, "הזמנה-1", m.OrderID)
 }
 
 // FuzzDecode checks that decoding never panics, and that whatever it accepts
@@ -103,6 +133,7 @@ func FuzzDecode(f *testing.F) {
 		`{"orderId":"a","userId":"b","email":"c@d","items":[{"sku":"e","quantity":1.5}]}`,
 		`{"orderId":"a","userId":"b","email":"c@d","items":[{"sku":"e","quantity":1e9}]}`,
 		"\xff\xfe{}", `{"orderId":"\ud800"}`,
+		`{"orderId":"a\u001b","userId":"b","email":"c@d\u202e","items":[{"sku":"e\r\n","quantity":1}]}`,
 	} {
 		f.Add([]byte(seed))
 	}
@@ -115,7 +146,9 @@ func FuzzDecode(f *testing.F) {
 				if it.Quantity < 1 || it.Quantity > orders.MaxItemQuantity || it.SKU == "" {
 					t.Fatalf("accepted a bad item: %+v", it)
 				}
+				requirePlainText(t, it.SKU)
 			}
+			requirePlainText(t, m.OrderID, m.UserID, m.Email)
 		} else if !errors.Is(err, orders.ErrInvalidPayload) {
 			t.Fatalf("error does not wrap ErrInvalidPayload: %v", err)
 		}
@@ -123,6 +156,19 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("accepted a cancellation without orderId")
 		}
 	})
+}
+
+// requirePlainText fails when an accepted identifier holds a control or
+// bidirectional formatting character.
+func requirePlainText(t *testing.T, values ...string) {
+	t.Helper()
+	for _, v := range values {
+		if i := strings.IndexFunc(v, func(r rune) bool {
+			return unicode.IsControl(r) || unicode.Is(unicode.Bidi_Control, r)
+		}); i >= 0 {
+			t.Fatalf("accepted %q, which holds a control or bidi formatting character at byte %d", v, i)
+		}
+	}
 }
 
 func TestOrderingKey(t *testing.T) {
