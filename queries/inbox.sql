@@ -12,46 +12,63 @@
 -- passes them in the order the broker delivered them, and the workers
 -- handle each order's messages in id order. An empty traceparent or
 -- tracestate is stored as NULL (no trace context); when the arrays are left
--- out, every row has none.
+-- out, every row has none. An empty user_id is stored as NULL.
 --
 -- Each delivery with a reply_to, new or duplicate, is stored as a reply
 -- request in the same statement (a trigger answers it at once when its
 -- message was handled already), except a redelivery (the broker's, after a
 -- lost ack) of a request stored before: same message, reply_to and
--- correlation_id. An empty correlation_id is stored as NULL.
+-- correlation_id; and except a copy whose user_id is not the one the
+-- message's first delivery carried, when that one carried any (the stored
+-- row's, or the batch's first with the id): such a request is returned,
+-- with another_user set, and never answered. An empty correlation_id is
+-- stored as NULL.
 WITH m AS (
-    SELECT *
+    SELECT b.*,
+           first_value(nullif(b.user_id, '')) OVER (PARTITION BY b.message_id ORDER BY b.n) AS batch_first_user
     FROM ROWS FROM (unnest(@message_ids::text[]), unnest(@message_types::text[]), unnest(@routing_keys::text[]),
                    unnest(@payloads::bytea[]), unnest(@order_keys::text[]),
                    unnest(@traceparents::text[]), unnest(@tracestates::text[]),
-                   unnest(@reply_tos::text[]), unnest(@correlation_ids::text[]), unnest(@redelivered::boolean[]))
-         WITH ORDINALITY AS m (message_id, message_type, routing_key, payload, order_key, traceparent, tracestate,
-                               reply_to, correlation_id, redelivered, n)
+                   unnest(@reply_tos::text[]), unnest(@correlation_ids::text[]), unnest(@redelivered::boolean[]),
+                   unnest(@user_ids::text[]))
+         WITH ORDINALITY AS b (message_id, message_type, routing_key, payload, order_key, traceparent, tracestate,
+                               reply_to, correlation_id, redelivered, user_id, n)
+), asking AS (
+    SELECT m.*,
+           CASE WHEN s.message_id IS NOT NULL THEN s.user_id ELSE m.batch_first_user END AS first_user
+    FROM m
+    LEFT JOIN inbox s ON s.message_id = m.message_id
+    WHERE coalesce(m.reply_to, '') <> ''
 ), requests AS (
     INSERT INTO inbox_reply_requests (message_id, reply_to, correlation_id)
-    SELECT m.message_id, m.reply_to, nullif(m.correlation_id, '')
-    FROM m
-    WHERE coalesce(m.reply_to, '') <> ''
-      AND NOT (coalesce(m.redelivered, false) AND EXISTS (
+    SELECT a.message_id, a.reply_to, nullif(a.correlation_id, '')
+    FROM asking a
+    WHERE (a.first_user IS NULL OR a.first_user = nullif(a.user_id, ''))
+      AND NOT (coalesce(a.redelivered, false) AND EXISTS (
           SELECT 1 FROM inbox_reply_requests r
-          WHERE r.message_id = m.message_id
-            AND r.reply_to = m.reply_to
-            AND r.correlation_id IS NOT DISTINCT FROM nullif(m.correlation_id, '')
+          WHERE r.message_id = a.message_id
+            AND r.reply_to = a.reply_to
+            AND r.correlation_id IS NOT DISTINCT FROM nullif(a.correlation_id, '')
       ))
+    ORDER BY a.n
+), stored AS (
+    INSERT INTO inbox (message_id, message_type, routing_key, payload, order_key, traceparent, tracestate, user_id)
+    SELECT m.message_id, m.message_type, m.routing_key, m.payload, nullif(m.order_key, ''),
+           nullif(m.traceparent, ''), nullif(m.tracestate, ''), nullif(m.user_id, '')
+    FROM m
+    WHERE NOT EXISTS (SELECT 1 FROM inbox_keys k WHERE k.message_id = m.message_id)
+      -- Asked here for the batch: inbox_keys_known need not ask again for this
+      -- statement (named by its start; a later one in the same transaction is
+      -- asked again).
+      AND (SELECT set_config('inboxd.keys_checked', statement_timestamp()::text, true)) IS NOT NULL
     ORDER BY m.n
+    ON CONFLICT (message_id) DO NOTHING
+    RETURNING message_id
 )
-INSERT INTO inbox (message_id, message_type, routing_key, payload, order_key, traceparent, tracestate)
-SELECT m.message_id, m.message_type, m.routing_key, m.payload, nullif(m.order_key, ''),
-       nullif(m.traceparent, ''), nullif(m.tracestate, '')
-FROM m
-WHERE NOT EXISTS (SELECT 1 FROM inbox_keys k WHERE k.message_id = m.message_id)
-  -- Asked here for the batch: inbox_keys_known need not ask again for this
-  -- statement (named by its start; a later one in the same transaction is
-  -- asked again).
-  AND (SELECT set_config('inboxd.keys_checked', statement_timestamp()::text, true)) IS NOT NULL
-ORDER BY m.n
-ON CONFLICT (message_id) DO NOTHING
-RETURNING message_id;
+SELECT stored.message_id, false AS another_user FROM stored
+UNION ALL
+SELECT a.message_id, true FROM asking a
+WHERE a.first_user IS NOT NULL AND a.first_user IS DISTINCT FROM nullif(a.user_id, '');
 
 -- name: InboxReplyAnswer :one
 -- InboxReplyAnswer queues the replies of the requests request_ids whose

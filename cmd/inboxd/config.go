@@ -52,6 +52,9 @@ type config struct {
 	deriveMessageID    bool
 	amqpHeartbeat      time.Duration
 	ingestStoreTimeout time.Duration
+	// replyQueuePrefixes are the reply queues answered besides direct
+	// reply-to.
+	replyQueuePrefixes []string
 
 	workers          int
 	workerBatchSize  int
@@ -117,6 +120,7 @@ func (c *config) settings() []setting {
 		{name: "GOMEMLIMIT", optional: true, doc: "Go's soft memory limit (read by the Go runtime); unset, serve sets it to INBOX_INGEST_MAX_INFLIGHT_BYTES plus 64 MiB, so that the garbage of large bodies is collected before it adds up", apply: func(v string) error { c.goMemLimit = v; return nil }},
 		{name: "INBOX_DERIVE_MISSING_MESSAGE_ID", def: "false", doc: "give a delivery without message_id the id sha256:<hex of type, NUL, body> instead of dead-lettering it", apply: boolVar(&c.deriveMessageID)},
 		{name: "INBOX_AMQP_HEARTBEAT", def: durationString(broker.HeartbeatDefault), doc: "AMQP heartbeat interval", apply: durationVar(&c.amqpHeartbeat, time.Second)},
+		{name: "INBOX_REPLY_QUEUE_PREFIXES", optional: true, doc: "comma-separated prefixes of the queue names a reply may go to besides RabbitMQ's direct reply-to (e.g. checkout.replies.); empty: direct reply-to only. A request whose reply_to is any other queue is stored and handled, not answered (a producer cannot make inboxd publish into another service's queue)", apply: c.parseReplyQueuePrefixes},
 		{name: "INBOX_INGEST_STORE_TIMEOUT", def: durationString(ingest.StoreTimeoutDefault), doc: "bound on one batch insert", apply: durationVar(&c.ingestStoreTimeout, time.Millisecond)},
 		{name: "INBOX_WORKERS", def: strconv.Itoa(inbox.ConcurrencyDefault), doc: "batches handled at once, each in its own transaction", apply: intVar(&c.workers, 1, 256)},
 		{name: "INBOX_WORKER_BATCH_SIZE", def: strconv.Itoa(inbox.BatchSizeDefault), doc: "most messages claimed per transaction", apply: intVar(&c.workerBatchSize, 1, 10000)},
@@ -311,6 +315,22 @@ func (c *config) parsePprofAddr(v string) error {
 		return errors.New("want host:port")
 	}
 	c.pprofAddr = v
+	return nil
+}
+
+// parseReplyQueuePrefixes reads a comma-separated list of queue name
+// prefixes, none of them empty (an empty one would allow every queue).
+func (c *config) parseReplyQueuePrefixes(v string) error {
+	for p := range strings.SplitSeq(v, ",") {
+		p = strings.TrimSpace(p)
+		switch {
+		case p == "":
+			return errors.New("an empty prefix would allow every queue")
+		case len(p) > 255:
+			return errors.New("a prefix is longer than a queue name may be (255 bytes)")
+		}
+		c.replyQueuePrefixes = append(c.replyQueuePrefixes, p)
+	}
 	return nil
 }
 

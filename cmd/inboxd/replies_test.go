@@ -43,6 +43,10 @@ func newRequester(t *testing.T, url string, ownQueue bool) *requester {
 	return r
 }
 
+// ownReplyQueues lets replies go to the server-named queues
+// (amq.gen-…) a requester with a queue of its own declares.
+const ownReplyQueues = "INBOX_REPLY_QUEUE_PREFIXES=amq.gen-"
+
 // request publishes one message asking for a reply under correlationID,
 // and waits for the broker's confirm.
 func (r *requester) request(t *testing.T, messageID, routingKey, correlationID string, body []byte) {
@@ -180,7 +184,7 @@ func TestAReplyToAGoneRequesterEndsUndeliverable(t *testing.T) {
 	goneDirect := newRequester(t, b.broker.URL, false)
 	goneDirect.request(t, "m-gone-direct", "order.created", "c-gone-direct", loadgen.OrderCreatedBody("o-gone-direct", 1))
 	require.NoError(t, goneDirect.ch.Close())
-	runInProcess(t, serviceEnv(b.db, b.broker, "INBOX_RELAY_MAX_ATTEMPTS=3", "INBOX_RETRY_BASE=50ms", "INBOX_RETRY_MAX=100ms"))
+	runInProcess(t, serviceEnv(b.db, b.broker, ownReplyQueues, "INBOX_RELAY_MAX_ATTEMPTS=3", "INBOX_RETRY_BASE=50ms", "INBOX_RETRY_MAX=100ms"))
 
 	b.waitDrained(t, 2, 30*time.Second)
 	b.requireEventsOnce(t)
@@ -212,7 +216,7 @@ func TestADeadMessageRepliesAndItsReplayRepliesAgain(t *testing.T) {
 		`ALTER TABLE order_confirmations ADD CONSTRAINT broken CHECK (order_id <> 'o-broken')`)
 	require.NoError(t, err)
 	req := newRequester(t, b.broker.URL, true)
-	runInProcess(t, serviceEnv(b.db, b.broker, "INBOX_MAX_ATTEMPTS=1"))
+	runInProcess(t, serviceEnv(b.db, b.broker, ownReplyQueues, "INBOX_MAX_ATTEMPTS=1"))
 	req.request(t, "m-broken", "order.created", "c-1", loadgen.OrderCreatedBody("o-broken", 1))
 
 	dead := req.receive(t, 1, 30*time.Second)[0]
@@ -245,7 +249,7 @@ func TestEveryRequestIsAnsweredAcrossSIGKILL(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	req := newRequester(t, b.broker.URL, true)
-	env := serviceEnv(b.db, b.broker, "INBOX_WORKER_BATCH_SIZE=20", "INBOX_INGEST_BATCH_SIZE=50",
+	env := serviceEnv(b.db, b.broker, ownReplyQueues, "INBOX_WORKER_BATCH_SIZE=20", "INBOX_INGEST_BATCH_SIZE=50",
 		"INBOX_RELAY_BATCH_SIZE=50", "INBOX_RELAY_LEASE=1s", "INBOX_CLAIM_LEASE=500ms")
 
 	const orders = 600
@@ -326,7 +330,8 @@ func TestEveryRequestIsAnsweredAcrossSIGKILL(t *testing.T) {
 func TestRepliesAtTheEdges(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	p := startProcess(t, serviceEnv(b.db, b.broker))
+	// The reply queue's name is 255 q's.
+	p := startProcess(t, serviceEnv(b.db, b.broker, "INBOX_REPLY_QUEUE_PREFIXES=q"))
 
 	conn, err := amqp.Dial(b.broker.URL)
 	require.NoError(t, err)
@@ -356,4 +361,18 @@ func TestRepliesAtTheEdges(t *testing.T) {
 	require.Eventually(t, func() bool { return p.logContains("reply_to or correlation_id is not text PostgreSQL can store") },
 		10*time.Second, 50*time.Millisecond, "the refused request is logged")
 	req.requireNoMoreReplies(t, 500*time.Millisecond)
+}
+
+// requestAs is request with the AMQP user_id set (none when userID is
+// empty); the broker refuses a user_id that is not the connection's user.
+func (r *requester) requestAs(t *testing.T, userID, messageID, correlationID string, body []byte) {
+	t.Helper()
+	dc, err := r.ch.PublishWithDeferredConfirmWithContext(t.Context(), broker.ExchangeOrders, "order.created", false, false, amqp.Publishing{
+		MessageId: messageID, CorrelationId: correlationID, ReplyTo: r.replyTo, UserId: userID,
+		DeliveryMode: amqp.Persistent, ContentType: "application/json", Body: body,
+	})
+	require.NoError(t, err)
+	ok, err := dc.WaitContext(t.Context())
+	require.NoError(t, err)
+	require.True(t, ok)
 }

@@ -55,7 +55,7 @@ func TestServeAsTheServiceRole(t *testing.T) {
 
 	// The janitor runs too, with a retention of two seconds, so the role's
 	// deletes are exercised.
-	runInProcess(t, serviceEnv(b.db, b.broker, "DATABASE_URL="+serviceURL, "INBOX_MIGRATE=false",
+	runInProcess(t, serviceEnv(b.db, b.broker, "DATABASE_URL="+serviceURL, "INBOX_MIGRATE=false", ownReplyQueues,
 		"INBOX_DEDUPE_WINDOW=1s", "INBOX_RETENTION=2s", "INBOX_DEAD_RETENTION=2s", "INBOX_JANITOR_INTERVAL=500ms"))
 	w := loadgen.Generate(loadgen.Spec{Orders: 200, DuplicateRate: 0.2, Seed: 11})
 	require.NoError(t, loadgen.Publish(t.Context(), b.broker.URL, w.Messages, 100))

@@ -5,6 +5,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/orderconfirm/inboxd/internal/broker"
 	"github.com/orderconfirm/inboxd/internal/inbox"
 	"github.com/orderconfirm/inboxd/internal/ingest"
 	"github.com/orderconfirm/inboxd/internal/janitor"
@@ -95,6 +96,7 @@ func ingestSettings(cfg *config, logger *slog.Logger, connectionName string) *in
 		Heartbeat:              cfg.amqpHeartbeat,
 		StoreTimeout:           cfg.ingestStoreTimeout,
 		OrderingKey:            orders.OrderingKey,
+		ReplyPolicy:            broker.ReplyPolicy{QueuePrefixes: cfg.replyQueuePrefixes},
 	}
 }
 

@@ -36,6 +36,8 @@ type Inbox struct {
 	Tracestate      pgtype.Text
 	ClaimedSession  pgtype.Int8
 	Reply           []byte
+	// AMQP user_id of the delivery that stored the message; a copy asking for a reply is answered only under the same
+	UserID pgtype.Text
 }
 
 type InboxAttempt struct {

@@ -156,12 +156,26 @@ func (i *Ingest) flush(ctx context.Context, b *batch, dl *deadLetters) error {
 		Duplicates:   len(rows) - len(res.rejects) - res.inserted,
 		DeadLettered: len(rejects),
 		Conflicts:    res.conflicts,
+
+		RepliesNotAllowed:    repliesNotAllowed(rows),
+		RepliesOfAnotherUser: res.repliesOfAnotherUser,
 	})
 	b.reset()
 	if res.inserted > 0 && i.cfg.OnStored != nil {
 		i.cfg.OnStored()
 	}
 	return nil
+}
+
+// repliesNotAllowed counts the rows whose request for a reply was not kept.
+func repliesNotAllowed(rows []row) int {
+	n := 0
+	for _, r := range rows {
+		if r.replyNotAllowed {
+			n++
+		}
+	}
+	return n
 }
 
 // ack acknowledges the deliveries of b: all with one multiple ack, or, while

@@ -1,7 +1,11 @@
 package ingest
 
 import (
+	"cmp"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -33,6 +37,9 @@ type deadLetters struct {
 	logger  *slog.Logger
 	// alarm says whether the broker blocks the connection.
 	alarm *broker.Alarm
+	// replies says which requesters of a dead-lettered delivery are told
+	// it was refused.
+	replies broker.ReplyPolicy
 	// held are the rejected deliveries waiting to be dead-lettered, oldest
 	// first; each one keeps its place in the channel's unacknowledged
 	// deliveries, so a batch is acknowledged delivery by delivery meanwhile.
@@ -41,7 +48,7 @@ type deadLetters struct {
 
 // openDeadLetters opens the dead-letter channel on pubConn; a batch holds
 // at most batchSize dead letters.
-func openDeadLetters(pubConn *amqp.Connection, batchSize int, logger *slog.Logger) (*deadLetters, error) {
+func openDeadLetters(pubConn *amqp.Connection, batchSize int, logger *slog.Logger, replies broker.ReplyPolicy) (*deadLetters, error) {
 	ch, err := pubConn.Channel()
 	if err != nil {
 		return nil, fmt.Errorf("open dead-letter channel: %w", err)
@@ -52,7 +59,7 @@ func openDeadLetters(pubConn *amqp.Connection, batchSize int, logger *slog.Logge
 	// A dead letter no queue takes comes back (mandatory); a batch has at
 	// most BatchSize of them, drained after each.
 	returns := ch.NotifyReturn(make(chan amqp.Return, batchSize))
-	return &deadLetters{ch: ch, returns: returns, logger: logger, alarm: broker.WatchAlarm(pubConn, logger, "dead-letter")}, nil
+	return &deadLetters{ch: ch, returns: returns, logger: logger, alarm: broker.WatchAlarm(pubConn, logger, "dead-letter"), replies: replies}, nil
 }
 
 // deadLetterWait bounds the wait for the confirms of a batch's dead letters:
@@ -97,6 +104,11 @@ func (dl *deadLetters) close() { _ = dl.ch.Close() }
 // reason in a header, and waits for the broker to confirm every publish. A
 // dead letter that no queue took is an error: the batch then stays
 // unacknowledged, and the next session declares broker.QueueDead again.
+//
+// A rejected delivery that asked for a reply, to an address the policy
+// allows, gets one saying it was refused and why (see refusal), in the same
+// round: its requester never waits for an answer that cannot come. It is
+// not mandatory: a requester gone holds no dead letter back.
 func (dl *deadLetters) publish(ctx context.Context, rejects []rejection) error {
 	pub := broker.Publisher{Ch: dl.ch}
 	for _, r := range rejects {
@@ -104,9 +116,15 @@ func (dl *deadLetters) publish(ctx context.Context, rejects []rejection) error {
 		if err := pub.Publish(ctx, broker.ExchangeDeadLetter, d.RoutingKey, true, deadLetter(r)); err != nil {
 			return err
 		}
+		answered := d.ReplyTo != "" && dl.replies.Allows(d.ReplyTo)
+		if answered {
+			if err := pub.Publish(ctx, "", d.ReplyTo, false, refusal(r)); err != nil {
+				return err
+			}
+		}
 		dl.logger.WarnContext(tracing.FromHeaders(d.Headers).Context(ctx), "delivery dead-lettered",
 			slog.String("message_id", d.MessageId), slog.String("routing_key", d.RoutingKey),
-			slog.Int("bytes", len(d.Body)), slog.String("reason", r.reason))
+			slog.Int("bytes", len(d.Body)), slog.String("reason", r.reason), slog.Bool("requester_told", answered))
 	}
 	if err := pub.Wait(ctx); err != nil {
 		if errors.Is(err, broker.ErrNacked) {
@@ -152,5 +170,39 @@ func deadLetter(r rejection) amqp.Publishing {
 		Type:            d.Type,
 		AppId:           d.AppId,
 		Body:            d.Body,
+	}
+}
+
+// Refusal is the body of the reply a requester gets when its request could
+// not be stored and was dead-lettered: status and outcome "refused", and the
+// reason, as in the dead letter's header.
+type Refusal struct {
+	MessageID string `json:"messageId,omitempty"`
+	Status    string `json:"status"`
+	Outcome   string `json:"outcome"`
+	Reason    string `json:"reason"`
+}
+
+// refusal is the reply to a rejected delivery's requester: correlation_id
+// copied (its message_id when it had none), type "reply", and a message_id
+// derived from the delivery, so that a redelivery's refusal has the same id
+// and a requester can drop the copy.
+func refusal(r rejection) amqp.Publishing {
+	d := r.delivery
+	body, _ := json.Marshal(Refusal{MessageID: d.MessageId, Status: "refused", Outcome: "refused", Reason: r.reason}) // strings only: it cannot fail
+	id := sha256.New()
+	for _, part := range []string{d.MessageId, d.ReplyTo, d.CorrelationId, r.reason} {
+		id.Write([]byte(part))
+		id.Write([]byte{0})
+	}
+	id.Write(d.Body)
+	return amqp.Publishing{
+		Headers:       tracing.FromHeaders(d.Headers).SetHeaders(nil),
+		ContentType:   "application/json",
+		DeliveryMode:  amqp.Persistent,
+		CorrelationId: cmp.Or(d.CorrelationId, d.MessageId),
+		MessageId:     "refused:" + hex.EncodeToString(id.Sum(nil)),
+		Type:          "reply",
+		Body:          body,
 	}
 }

@@ -90,6 +90,11 @@ type Config struct {
 	// Observe, when set, is told about every batch ingest acknowledged. It
 	// must not block.
 	Observe func(Stats)
+	// ReplyPolicy says which reply_to addresses are answered: a request for
+	// a reply to any other is not stored, and its message is handled as
+	// usual. Defaults to direct reply-to only. A dead-lettered delivery's
+	// requester is told so under the same policy.
+	ReplyPolicy broker.ReplyPolicy
 	// Tracer starts the receive span of each batch. Defaults to
 	// tracing.PropagateOnly(). Whatever it is, the trace context of each
 	// delivery is stored with its inbox row.
@@ -107,6 +112,11 @@ type Stats struct {
 	// Conflicts counts the duplicates whose payload differs from the
 	// stored one (recorded in inbox_conflicts; the stored payload stays).
 	Conflicts int
+	// RepliesNotAllowed counts the requests for a reply to an address
+	// Config.ReplyPolicy does not allow; RepliesOfAnotherUser the copies
+	// that asked for a reply under another AMQP user_id than the message's
+	// first delivery. Neither is answered.
+	RepliesNotAllowed, RepliesOfAnotherUser int
 }
 
 func (c *Config) withDefaults() (*Config, error) {
@@ -153,6 +163,9 @@ type Ingest struct {
 	cfg    *Config
 	logger *slog.Logger
 	store  *store
+
+	// notAllowed are the reply_to addresses refused so far (logged once).
+	notAllowed onceSet
 
 	// consuming counts the inbox queues whose consumer is registered.
 	consuming atomic.Int32

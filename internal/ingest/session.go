@@ -141,7 +141,7 @@ func (i *Ingest) consume(sessCtx, workCtx context.Context, conn, pubConn *amqp.C
 		return fmt.Errorf("set prefetch: %w", err)
 	}
 
-	dl, err := openDeadLetters(pubConn, i.cfg.BatchSize, i.logger)
+	dl, err := openDeadLetters(pubConn, i.cfg.BatchSize, i.logger, i.cfg.ReplyPolicy)
 	if err != nil {
 		return err
 	}

@@ -32,6 +32,10 @@ type stored struct {
 	// rejects are the indexes of rows the database refused as data (never
 	// retried; they are dead-lettered).
 	rejects []int
+	// repliesOfAnotherUser counts the copies whose request for a reply was
+	// not kept: their user_id is not the one of the message's first
+	// delivery.
+	repliesOfAnotherUser int
 }
 
 // untilDone stores rows, retrying with backoff while the database is
@@ -87,6 +91,7 @@ func (s *store) save(ctx context.Context, rows []row) (stored, error) {
 		default:
 			res.inserted += one.inserted
 			res.conflicts += one.conflicts
+			res.repliesOfAnotherUser += one.repliesOfAnotherUser
 		}
 	}
 	return res, nil
@@ -97,11 +102,20 @@ func (s *store) save(ctx context.Context, rows []row) (stored, error) {
 func (s *store) insert(ctx context.Context, rows []row) (stored, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	ids, err := s.queries.InboxInsertMany(ctx, s.pool, insertParams(rows))
+	out, err := s.queries.InboxInsertMany(ctx, s.pool, insertParams(rows))
 	if err != nil {
 		return stored{}, err
 	}
-	res := stored{inserted: len(ids)}
+	ids := make([]string, 0, len(out))
+	res := stored{}
+	for _, o := range out {
+		if o.AnotherUser {
+			res.repliesOfAnotherUser++
+			continue
+		}
+		ids = append(ids, o.MessageID)
+	}
+	res.inserted = len(ids)
 	if len(ids) == len(rows) {
 		return res, nil
 	}
@@ -124,12 +138,14 @@ func insertParams(rows []row) dbsqlc.InboxInsertManyParams {
 		ReplyTos:       make([]string, len(rows)),
 		CorrelationIds: make([]string, len(rows)),
 		Redelivered:    make([]bool, len(rows)),
+		UserIds:        make([]string, len(rows)),
 	}
 	for n, r := range rows {
 		p.MessageIds[n], p.MessageTypes[n], p.RoutingKeys[n], p.Payloads[n] = r.messageID, r.messageType, r.routingKey, r.payload
 		p.OrderKeys[n] = r.orderKey
 		p.Traceparents[n], p.Tracestates[n] = r.trace.Traceparent, r.trace.Tracestate
 		p.ReplyTos[n], p.CorrelationIds[n], p.Redelivered[n] = r.replyTo, r.correlationID, r.redelivered
+		p.UserIds[n] = r.userID
 	}
 	return p
 }

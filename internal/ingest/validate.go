@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 
 	amqp "github.com/rabbitmq/amqp091-go"
 
@@ -24,8 +25,13 @@ type row struct {
 	// a malformed one).
 	trace tracing.Text
 	// replyTo and correlationID are the delivery's request for a reply
-	// (empty replyTo: none); see replyRequest.
-	replyTo, correlationID string
+	// (empty replyTo: none); see replyRequest. userID is the delivery's
+	// AMQP user_id (checked by the broker against its connection's user).
+	replyTo, correlationID, userID string
+	// replyNotAllowed is set when the delivery asked for a reply to an
+	// address Config.ReplyPolicy does not allow: it is stored and handled,
+	// and not answered.
+	replyNotAllowed bool
 	// redelivered is set when the request may have been stored already:
 	// the broker redelivers the delivery, or a store whose outcome is
 	// unknown is tried again.
@@ -79,7 +85,8 @@ func (i *Ingest) classify(d amqp.Delivery) (row, string) {
 		trace:       tracing.FromHeaders(d.Headers),
 		redelivered: d.Redelivered,
 	}
-	r.replyTo, r.correlationID = i.replyRequest(d, id)
+	r.replyTo, r.correlationID, r.replyNotAllowed = i.replyRequest(d, id)
+	r.userID = strings.ToValidUTF8(strings.ReplaceAll(d.UserId, "\x00", ""), "?")
 	if i.cfg.OrderingKey != nil {
 		if key := i.cfg.OrderingKey(msgType, d.Body); msgid.Check(key) == nil {
 			r.orderKey = key
@@ -112,20 +119,52 @@ func misrouted(d amqp.Delivery, orderKey string, partitions int) string {
 }
 
 // replyRequest returns the delivery's reply_to and correlation_id when it
-// asks for a reply. PostgreSQL's text cannot hold one that is not valid
-// UTF-8 or holds a NUL byte, and a reply to a changed address or id would
-// reach nobody: such a request is logged and not kept, and the message is
-// stored and handled as usual.
-func (i *Ingest) replyRequest(d amqp.Delivery, id string) (replyTo, correlationID string) {
+// asks for a reply that may be sent. PostgreSQL's text cannot hold one that
+// is not valid UTF-8 or holds a NUL byte, and a reply to a changed address
+// or id would reach nobody: such a request is logged and not kept. A reply
+// to an address Config.ReplyPolicy does not allow is not kept either
+// (notAllowed), and logged once for each address. Either way the message
+// is stored and handled as usual.
+func (i *Ingest) replyRequest(d amqp.Delivery, id string) (replyTo, correlationID string, notAllowed bool) {
 	if d.ReplyTo == "" {
-		return "", ""
+		return "", "", false
 	}
 	if msgid.Check(d.ReplyTo) != nil || (d.CorrelationId != "" && msgid.Check(d.CorrelationId) != nil) {
 		i.logger.Warn("reply_to or correlation_id is not text PostgreSQL can store (invalid UTF-8, or a NUL byte): the message is stored, no reply will be sent",
 			slog.String("message_id", id))
-		return "", ""
+		return "", "", false
 	}
-	return d.ReplyTo, d.CorrelationId
+	if !i.cfg.ReplyPolicy.Allows(d.ReplyTo) {
+		if i.notAllowed.first(d.ReplyTo) {
+			i.logger.Warn("reply_to is neither direct reply-to nor a queue INBOX_REPLY_QUEUE_PREFIXES allows: the message is stored and handled, no reply will be sent (logged once for each address; counted in inboxd_reply_requests_ignored_total)",
+				slog.String("message_id", id), slog.String("reply_to", d.ReplyTo), slog.String("user_id", d.UserId))
+		}
+		return "", "", true
+	}
+	return d.ReplyTo, d.CorrelationId, false
+}
+
+// onceSet remembers up to onceSetMax strings, to log a condition once for
+// each of them; past that, every string counts as seen.
+type onceSet struct {
+	mu   sync.Mutex
+	seen map[string]struct{}
+}
+
+const onceSetMax = 1024
+
+// first reports whether s is new to the set, and remembers it.
+func (o *onceSet) first(s string) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if _, ok := o.seen[s]; ok || len(o.seen) >= onceSetMax {
+		return false
+	}
+	if o.seen == nil {
+		o.seen = map[string]struct{}{}
+	}
+	o.seen[s] = struct{}{}
+	return true
 }
 
 // derivedMessageID is the id of a delivery without one, when

@@ -239,7 +239,7 @@ func TestTheJanitorSealsAGrownPartAndMergesIt(t *testing.T) {
 func TestTheHotPartsMigrateOnlineAndBack(t *testing.T) {
 	t.Parallel()
 	db := testenv.NewDBAt(t, 30)
-	require.Equal(t, []string{"before"}, store(t, db.Pool, "before"))
+	require.Equal(t, []string{"before"}, storeAsOf30(t, db.Pool, "before"))
 	db.MigrateUp(t)
 	require.Equal(t, []string{"8 writing 0", "9 empty -"}, hotParts(t, db))
 	require.Equal(t, []string{"after"}, store(t, db.Pool, "after"))
@@ -254,9 +254,29 @@ func TestTheHotPartsMigrateOnlineAndBack(t *testing.T) {
 	_, err = provider.DownTo(t.Context(), 30)
 	require.NoError(t, err)
 	require.Equal(t, []string{"after 0", "before 0"}, db.Strings(t, "SELECT message_id || ' ' || slot FROM inbox_keys ORDER BY 1"))
-	require.Empty(t, store(t, db.Pool, "before", "after"))
-	require.Equal(t, []string{"later"}, store(t, db.Pool, "later"))
+	require.Empty(t, storeAsOf30(t, db.Pool, "before", "after"))
+	require.Equal(t, []string{"later"}, storeAsOf30(t, db.Pool, "later"))
 	require.Equal(t, 1, db.Int(t, "SELECT count(*) FROM inbox_keys_0 WHERE message_id = 'later'"))
+}
+
+// storeAsOf30 stores messages with the ids as the ingest statement of a
+// build at migration 30 does (today's stores columns that schema lacks),
+// and returns the ids it inserted.
+func storeAsOf30(t *testing.T, db dbsqlc.DBTX, ids ...string) []string {
+	t.Helper()
+	rows, err := db.Query(t.Context(), `
+		INSERT INTO inbox (message_id, message_type, routing_key, payload, order_key)
+		SELECT m.message_id, 'order.created', 'order.created', convert_to('{}', 'UTF8'), m.message_id
+		FROM unnest($1::text[]) WITH ORDINALITY AS m (message_id, n)
+		WHERE NOT EXISTS (SELECT 1 FROM inbox_keys k WHERE k.message_id = m.message_id)
+		  AND (SELECT set_config('inboxd.keys_checked', statement_timestamp()::text, true)) IS NOT NULL
+		ORDER BY m.n
+		ON CONFLICT (message_id) DO NOTHING
+		RETURNING message_id`, ids)
+	require.NoError(t, err)
+	inserted, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	return inserted
 }
 
 // A hot part that has grown gets statistics from the janitor, once: the

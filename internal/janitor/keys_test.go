@@ -46,7 +46,12 @@ func storeOrFail(ctx context.Context, db dbsqlc.DBTX, ids ...string) ([]string, 
 		p.Payloads = append(p.Payloads, []byte(`{"orderId":"`+id+`"}`))
 		p.OrderKeys = append(p.OrderKeys, id)
 	}
-	return dbsqlc.New().InboxInsertMany(ctx, db, p)
+	out, err := dbsqlc.New().InboxInsertMany(ctx, db, p)
+	ids = ids[:0:0]
+	for _, o := range out {
+		ids = append(ids, o.MessageID)
+	}
+	return ids, err
 }
 
 // requireSQLState requires err to be PostgreSQL's, with SQLSTATE code, and

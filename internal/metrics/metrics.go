@@ -34,6 +34,8 @@ type Metrics struct {
 	endToEnd     prometheus.Histogram
 	published    prometheus.Counter
 	janitor      *prometheus.CounterVec
+	// repliesIgnored counts the requests for a reply not answered, by why.
+	repliesIgnored *prometheus.CounterVec
 }
 
 // Options are the optional parts of the metrics.
@@ -90,7 +92,13 @@ func New(pool *pgxpool.Pool, logger *slog.Logger, timeout time.Duration, build s
 		janitor: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "janitor_deleted_total", Help: "Rows the janitor deleted past their retention, by what they were.",
 		}, []string{"rows"}),
+		repliesIgnored: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "inboxd_reply_requests_ignored_total",
+			Help: "Requests for a reply stored with their message but never answered: reply_to (neither direct reply-to nor a queue INBOX_REPLY_QUEUE_PREFIXES allows) or user_id (a copy under another AMQP user_id than the message's first delivery).",
+		}, []string{"reason"}),
 	}
+	m.repliesIgnored.WithLabelValues("reply_to")
+	m.repliesIgnored.WithLabelValues("user_id")
 	for _, s := range []string{"processed", "retried", "dead"} {
 		m.outcomes.WithLabelValues(s)
 	}
@@ -99,7 +107,7 @@ func New(pool *pgxpool.Pool, logger *slog.Logger, timeout time.Duration, build s
 	}, []string{"build"})
 	buildInfo.WithLabelValues(build).Set(1)
 	m.Registry.MustRegister(m.received, m.duplicates, m.conflicts, m.deadLettered, m.batchSize, m.outcomes, m.replays,
-		m.handler, m.endToEnd, m.published, m.janitor, buildInfo,
+		m.handler, m.endToEnd, m.published, m.janitor, m.repliesIgnored, buildInfo,
 		&gauges{pool: pool, logger: logger, timeout: timeout, lock: opts.GaugeLock},
 		&poolStats{pools: opts.Pools},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -113,6 +121,8 @@ func (m *Metrics) ObserveIngest(s ingest.Stats) {
 	m.conflicts.Add(float64(s.Conflicts))
 	m.deadLettered.Add(float64(s.DeadLettered))
 	m.batchSize.Observe(float64(s.Deliveries))
+	m.repliesIgnored.WithLabelValues("reply_to").Add(float64(s.RepliesNotAllowed))
+	m.repliesIgnored.WithLabelValues("user_id").Add(float64(s.RepliesOfAnotherUser))
 }
 
 // ObserveBatch records a committed work batch.

@@ -220,10 +220,12 @@ func TestMigratingDownFoldsEveryMove(t *testing.T) {
 		finished.Store(true)
 		down <- err
 	}()
+	// On its way down, the migrations that build indexes concurrently wait
+	// for every older transaction of the database, other tests' too.
 	require.Eventually(t, func() bool {
 		return finished.Load() || b.count(t, `SELECT count(*) FROM pg_locks
 			WHERE NOT granted AND relation IN ('stock'::regclass, 'stock_moves'::regclass)`) > 0
-	}, 10*time.Second, 10*time.Millisecond, "the migration waits for the batch, or is done")
+	}, time.Minute, 10*time.Millisecond, "the migration waits for the batch, or is done")
 	require.NoError(t, batch.Commit(t.Context()))
 	require.NoError(t, <-down)
 

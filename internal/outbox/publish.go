@@ -152,10 +152,6 @@ func publishRound(workCtx, waitCtx context.Context, ch *amqp.Channel, returns <-
 	return publishErr
 }
 
-// directReplyTo starts the reply_to of a requester on RabbitMQ's direct
-// reply-to.
-const directReplyTo = "amq.rabbitmq.reply-to."
-
 // destination returns the exchange and routing key the row is published
 // with, and whether mandatory: an event's routing key on
 // broker.ExchangeEvents, or a reply's reply_to on the default exchange (a
@@ -168,7 +164,7 @@ const directReplyTo = "amq.rabbitmq.reply-to."
 // a queue that is gone comes back, and ends undeliverable.
 func (c *claimedRow) destination() (exchange, key string, mandatory bool) {
 	if c.ReplyTo != "" {
-		return "", c.ReplyTo, !strings.HasPrefix(c.ReplyTo, directReplyTo)
+		return "", c.ReplyTo, !strings.HasPrefix(c.ReplyTo, broker.DirectReplyTo)
 	}
 	return broker.ExchangeEvents, c.RoutingKey, true
 }

@@ -1,6 +1,6 @@
 // Package rabbitadmin is a small client of the RabbitMQ management HTTP API,
-// for the tests and the bench command: virtual hosts, queue depths and
-// closing connections.
+// for the tests and the bench command: virtual hosts, users, queue depths
+// and closing connections.
 package rabbitadmin
 
 import (
@@ -41,6 +41,21 @@ func (c *Client) CreateVhost(ctx context.Context, vhost, user string) error {
 	}
 	perms := map[string]string{"configure": ".*", "write": ".*", "read": ".*"}
 	return c.do(ctx, http.MethodPut, "/api/permissions/"+url.PathEscape(vhost)+"/"+url.PathEscape(user), perms, nil)
+}
+
+// CreateUser creates a user with password and no tags, with every
+// permission on vhost.
+func (c *Client) CreateUser(ctx context.Context, vhost, user, password string) error {
+	if err := c.do(ctx, http.MethodPut, "/api/users/"+url.PathEscape(user), map[string]string{"password": password, "tags": ""}, nil); err != nil {
+		return err
+	}
+	perms := map[string]string{"configure": ".*", "write": ".*", "read": ".*"}
+	return c.do(ctx, http.MethodPut, "/api/permissions/"+url.PathEscape(vhost)+"/"+url.PathEscape(user), perms, nil)
+}
+
+// DeleteUser deletes a user.
+func (c *Client) DeleteUser(ctx context.Context, user string) error {
+	return c.do(ctx, http.MethodDelete, "/api/users/"+url.PathEscape(user), nil, nil)
 }
 
 // DeleteVhost deletes a virtual host with everything in it.

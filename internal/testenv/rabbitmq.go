@@ -2,6 +2,7 @@ package testenv
 
 import (
 	"context"
+	"net/url"
 	"strings"
 	"testing"
 	"time"
@@ -36,6 +37,22 @@ func NewBroker(tb testing.TB) *Broker {
 	require.NoError(tb, err)
 	tb.Cleanup(drop)
 	return &Broker{Vhost: vhost, URL: vhostURL, admin: s.admin, closed: map[string]bool{}}
+}
+
+// NewUser creates a broker user of the test's own, with every permission
+// on its virtual host, deleted when the test ends, and returns a URL that
+// connects to the virtual host as that user: a second producer, whose
+// AMQP user_id the broker checks against its connection.
+func (b *Broker) NewUser(tb testing.TB, name string) string {
+	tb.Helper()
+	ctx := context.WithoutCancel(tb.Context())
+	user := b.Vhost + "_" + name
+	require.NoError(tb, b.admin.CreateUser(ctx, b.Vhost, user, "pw"))
+	tb.Cleanup(func() { _ = b.admin.DeleteUser(context.Background(), user) })
+	u, err := url.Parse(b.URL)
+	require.NoError(tb, err)
+	u.User = url.UserPassword(user, "pw")
+	return u.String()
 }
 
 // ReadyMessages returns the exact number of messages in a queue of the
