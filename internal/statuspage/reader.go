@@ -310,10 +310,16 @@ func replayByBuildSQL(build string) string {
 		"  AND id IN (SELECT inbox_id FROM inbox_attempts WHERE build = " + quote(build) + " AND outcome <> 'processed');"
 }
 
-// quote returns s as a PostgreSQL string literal (standard_conforming_strings
-// is on by default, so only quotes need doubling).
+// quote returns s as a PostgreSQL string literal, built as quote_literal
+// builds one: quotes and backslashes doubled and, when s holds a backslash,
+// the E prefix, so that the literal reads as s whatever the session's
+// standard_conforming_strings.
 func quote(s string) string {
-	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
+	q := "'" + strings.ReplaceAll(strings.ReplaceAll(s, `\`, `\\`), "'", "''") + "'"
+	if strings.Contains(s, `\`) {
+		return "E" + q
+	}
+	return q
 }
 
 func text(t pgtype.Text) *string {
