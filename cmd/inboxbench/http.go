@@ -55,10 +55,3 @@ func clientGet(ctx context.Context, client *http.Client, url string) (int, error
 	_ = resp.Body.Close()
 	return resp.StatusCode, nil
 }
-
-// probeLoop sends GET /readyz in a loop from clients concurrent clients
-// until ctx ends, and returns the requests answered 200 and the others.
-func probeLoop(ctx context.Context, httpAddr string, clients int) (ok, notOK int64) {
-	return getLoop(ctx, httpAddr, clients, func() string { return "/readyz" },
-		func(status int) bool { return status == http.StatusOK })
-}

@@ -15,6 +15,7 @@
 //     the ceiling (1) is compared with;
 //  8. a real inboxd draining a backlog, without and with 200 clients
 //     probing /readyz in a loop: what readiness probes cost the workers;
+//     The same with 200 clients scraping /metrics in a loop.
 //  9. the same while 200 clients flood the status page's API: how fast
 //     /healthz and /readyz are answered meanwhile.
 //
@@ -99,6 +100,7 @@ var scenarios = []struct {
 	{name: "steady", run: benchSteady},
 	{name: "claim", run: benchClaim},
 	{name: "probes", run: benchProbes},
+	{name: "scrapes", run: benchScrapes},
 	{name: "flood", run: benchFlood},
 	{name: "reply", run: benchReply},
 	{name: "partitions", run: benchPartitions},
@@ -166,12 +168,12 @@ func parseFlags(args []string) (*options, error) {
 	fs.IntVar(&o.skus, "skus", 1000, "distinct SKUs the orders draw from (each stocked so that no order is rejected)")
 	fs.BoolVar(&o.preload, "preload", false, "domain: publish everything before starting inboxd, and time how fast it drains the queue")
 	fs.StringVar(&o.serviceEnv, "env", "", "extra environment for inboxd, comma-separated KEY=VALUE pairs")
-	fs.StringVar(&only, "only", "", "comma-separated scenarios to run: core, passthrough, split, domain, domainruler, steady, claim, probes, flood, reply, partitions, snapshot, window, views (default: all but window and views)")
+	fs.StringVar(&only, "only", "", "comma-separated scenarios to run: core, passthrough, split, domain, domainruler, steady, claim, probes, scrapes, flood, reply, partitions, snapshot, window, views (default: all but window and views)")
 	fs.Float64Var(&o.steadyRate, "steady-rate", 1000, "steady: messages per second")
 	fs.DurationVar(&o.steadyDuration, "steady-duration", 5*time.Minute, "steady: how long to publish")
 	fs.DurationVar(&o.replyDuration, "reply-duration", time.Minute, "reply: how long to publish requests, at -steady-rate")
-	fs.IntVar(&o.probeClients, "probe-clients", 200, "probes, flood: concurrent clients sending GET /readyz (probes) or GET /api/messages/<random> (flood) in a loop")
-	fs.IntVar(&o.probeMessages, "probe-messages", 20_000, "probes, flood: the backlog drained, without and with the probes, or during the flood")
+	fs.IntVar(&o.probeClients, "probe-clients", 200, "probes, scrapes, flood: concurrent clients sending GET /readyz (probes), GET /metrics (scrapes) or GET /api/messages/<random> (flood) in a loop")
+	fs.IntVar(&o.probeMessages, "probe-messages", 20_000, "probes, scrapes, flood: the backlog drained, without and with the probes, or during the flood")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the bench process (which runs ingest and the workers of core and split) to this file")
 	fs.StringVar(&o.viewsBefore, "views-before", "", "views: an earlier build's inboxd binary, whose views, status page and gauges are compared with -inboxd's on the same traffic")
 	fs.StringVar(&claimRows, "claim-rows", "0,1000000,10000000", "claim: processed rows in the inbox at each measurement, ascending")

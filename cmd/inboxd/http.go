@@ -128,6 +128,9 @@ func routes(probes *http.ServeMux, statusPage http.Handler, p pace) http.Handler
 	return probes
 }
 
+// metricsMaxInFlight bounds the scrapes of /metrics served at once.
+const metricsMaxInFlight = 4
+
 // probes serves /healthz, /readyz and /metrics.
 func probes(pg *postgresCheck, ingest *ingest.Ingest, relay *outbox.Relay, registry *prometheus.Registry) *http.ServeMux {
 	mux := http.NewServeMux()
@@ -135,6 +138,9 @@ func probes(pg *postgresCheck, ingest *ingest.Ingest, relay *outbox.Relay, regis
 		// OpenMetrics, when the scraper asks for it, carries the exemplars
 		// (trace ids) of inbox_end_to_end_seconds.
 		EnableOpenMetrics: true,
+		// Scrapes beyond it get 503 at once rather than pile up; the
+		// database gauges are read once a second whatever their number.
+		MaxRequestsInFlight: metricsMaxInFlight,
 	}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})

@@ -9,12 +9,14 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/orderconfirm/inboxd/internal/loadgen"
+	"github.com/orderconfirm/inboxd/internal/metrics"
 )
 
 // freeAddr returns a loopback address nothing listens on.
@@ -147,5 +149,57 @@ func TestMetricsAndReadiness(t *testing.T) {
 	}, 30*time.Second, 100*time.Millisecond, "/readyz fails while PostgreSQL is unreachable")
 	status, _ := httpGet(t, "http://"+addr+"/healthz")
 	require.Equal(t, http.StatusOK, status, "still alive")
-	require.Zero(t, scrape(t, addr)["inbox_database_up"])
+	// The gauges are read at most once a second: the next read says so.
+	require.Eventually(t, func() bool { return scrape(t, addr)["inbox_database_up"] == 0 },
+		10*time.Second, 100*time.Millisecond, "inbox_database_up turns 0")
+}
+
+// Acceptance: 500 scrapes, 50 at a time, during a drain of 1,000 orders
+// never make the relay's pool wait: the gauges are read on a pool of their
+// own at most once a second, shared by the scrapes, and scrapes beyond the
+// bound get 503 at once. Every order's events are published.
+func TestScrapesNeverTakeTheRelaysConnections(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	addr := freeAddr(t)
+	startProcess(t, serviceEnv(b.db, b.broker, "HTTP_ADDR="+addr))
+	require.Eventually(t, func() bool {
+		status, _ := httpGet(t, "http://"+addr+"/readyz")
+		return status == http.StatusOK
+	}, 30*time.Second, 50*time.Millisecond)
+	before := scrape(t, addr)
+	started := time.Now()
+
+	w := loadgen.Generate(loadgen.Spec{Orders: 1000, Seed: 43})
+	published := make(chan error, 1)
+	go func() { published <- loadgen.Publish(t.Context(), b.broker.URL, w.Messages, 100) }()
+	var mu sync.Mutex
+	statuses := map[int]int{}
+	var wg sync.WaitGroup
+	for range 50 {
+		wg.Go(func() {
+			for range 10 {
+				status, _ := httpGet(t, "http://"+addr+"/metrics")
+				mu.Lock()
+				statuses[status]++
+				mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
+	require.NoError(t, <-published)
+	b.waitDrained(t, len(w.Messages), 60*time.Second)
+	b.requireEventsOnce(t)
+
+	t.Logf("scrapes by status: %v", statuses)
+	require.Equal(t, 500, statuses[http.StatusOK]+statuses[http.StatusServiceUnavailable], "each scrape served or refused at once: %v", statuses)
+	require.Positive(t, statuses[http.StatusOK])
+	after := scrape(t, addr)
+	elapsed := time.Since(started)
+	relay := `{pool="relay"}`
+	require.LessOrEqual(t, after["inboxd_pool_empty_acquires_total"+relay], after["inboxd_pool_max_connections"+relay],
+		"the relay's pool waited for no connection another had (its only waits are its first connections)")
+	gaugeReads := after[`inboxd_pool_acquires_total{pool="gauges"}`] - before[`inboxd_pool_acquires_total{pool="gauges"}`]
+	require.LessOrEqual(t, gaugeReads, elapsed.Seconds()/metrics.GaugeReadInterval.Seconds()+2,
+		"the gauges were read at most once a second in %s", elapsed)
 }

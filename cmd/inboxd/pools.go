@@ -19,10 +19,13 @@ type pools struct {
 	ingest *pgxpool.Pool
 	// worker claims and handles the inbox (workerPoolSize).
 	worker *pgxpool.Pool
-	// relay is shared by the outbox relay, the janitor and the scrapes of
-	// the gauges read from the database (relayPoolSize): none of them is
-	// on the path of ingest or the workers.
+	// relay is shared by the outbox relay and the janitor
+	// (relayPoolSize): neither is on the path of ingest or the workers.
 	relay *pgxpool.Pool
+	// gauges reads the gauges /metrics exports from the database
+	// (gaugesPoolSize): however many scrapes come, they never take a
+	// connection the relay or the janitor needs.
+	gauges *pgxpool.Pool
 	// status serves the status page; nil when it is off.
 	status *pgxpool.Pool
 	// ready pings for /readyz (readyPoolSize).
@@ -42,9 +45,12 @@ func workerPoolSize(workers int) int { return workers + 4 }
 
 // relayPoolSize: the relay holds one connection, for the transaction of the
 // batch it is publishing, and raises the outbox's claim floor on another;
-// the janitor deletes one short statement at a time; the scrapes of the
-// gauges take the rest.
-const relayPoolSize = 5
+// the janitor deletes one short statement at a time; one is spare.
+const relayPoolSize = 4
+
+// gaugesPoolSize: the gauges are read once at a time, at most once a second
+// (metrics.GaugeReadInterval), whatever the scrapes.
+const gaugesPoolSize = 1
 
 // readyPoolSize: /readyz pings once at a time at most (postgresCheck), the
 // other probes wait for its answer.
@@ -52,7 +58,7 @@ const readyPoolSize = 1
 
 // poolSizes is the number of connections of each of serve's pools, as in
 // pools; 0 for a pool serve does not open.
-type poolSizes struct{ ingest, worker, relay, status, ready int }
+type poolSizes struct{ ingest, worker, relay, gauges, status, ready int }
 
 // poolSizesFor returns the sizes of the pools serve opens for cfg.
 func poolSizesFor(cfg *config) poolSizes {
@@ -60,6 +66,7 @@ func poolSizesFor(cfg *config) poolSizes {
 		ingest: ingestPoolSize,
 		worker: workerPoolSize(cfg.workers),
 		relay:  relayPoolSize,
+		gauges: gaugesPoolSize,
 		ready:  readyPoolSize,
 	}
 	if cfg.statusPage {
@@ -81,6 +88,7 @@ func openPools(ctx context.Context, cfg *config) (*pools, error) {
 		{&ps.ingest, "ingest", sizes.ingest},
 		{&ps.worker, "worker", sizes.worker},
 		{&ps.relay, "relay", sizes.relay},
+		{&ps.gauges, "gauges", sizes.gauges},
 		{&ps.status, "status", sizes.status},
 		{&ps.ready, "ready", sizes.ready},
 	} {
@@ -108,12 +116,12 @@ func (ps *pools) attach(pc *pipeline.Config) {
 // measured returns the pools whose statistics the metrics export, by the
 // name of their pool label.
 func (ps *pools) measured() map[string]*pgxpool.Pool {
-	return map[string]*pgxpool.Pool{"ingest": ps.ingest, "worker": ps.worker, "relay": ps.relay}
+	return map[string]*pgxpool.Pool{"ingest": ps.ingest, "worker": ps.worker, "relay": ps.relay, "gauges": ps.gauges}
 }
 
 // close closes the pools that are open, the last opened first.
 func (ps *pools) close() {
-	for _, pool := range []*pgxpool.Pool{ps.ready, ps.status, ps.relay, ps.worker, ps.ingest} {
+	for _, pool := range []*pgxpool.Pool{ps.ready, ps.status, ps.gauges, ps.relay, ps.worker, ps.ingest} {
 		if pool != nil {
 			closePool(pool)
 		}

@@ -109,7 +109,7 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger, tp *tracing.Pr
 	// Only the process holding the gauge lock exports the gauges read from
 	// the database, so that they add up across replicas.
 	gaugeLock := metrics.NewGaugeLock(sessionConfig(cfg, "metrics"), logger, 0)
-	m := metrics.New(ps.relay, logger, gaugeScrapeTimeout, build, metrics.Options{Pools: ps.measured(), GaugeLock: gaugeLock})
+	m := metrics.New(ps.gauges, logger, gaugeScrapeTimeout, build, metrics.Options{Pools: ps.measured(), GaugeLock: gaugeLock})
 	pc := pipelineConfig(cfg, pipelineDeps{
 		logger: logger, handler: wrapHandler(orders.NewHandler(logger)),
 		build: build, process: process, metrics: m, tracer: tp.Tracer,

@@ -131,6 +131,7 @@ func TestServePipelineConfigDefaults(t *testing.T) {
 		ingest: ingestPoolSize,
 		worker: inbox.ConcurrencyDefault + 4,
 		relay:  relayPoolSize,
+		gauges: gaugesPoolSize,
 		status: statuspage.PoolSizeDefault,
 		ready:  readyPoolSize,
 	}, poolSizesFor(cfg))
@@ -228,7 +229,7 @@ func TestServePipelineConfigFromEverySetting(t *testing.T) {
 		},
 	}, got)
 	// Seven batches in flight, the takeover, the answer of left requests, the claim floor and the stock fold; no status page.
-	require.Equal(t, poolSizes{ingest: ingestPoolSize, worker: 11, relay: relayPoolSize, ready: readyPoolSize}, poolSizesFor(cfg))
+	require.Equal(t, poolSizes{ingest: ingestPoolSize, worker: 11, relay: relayPoolSize, gauges: gaugesPoolSize, ready: readyPoolSize}, poolSizesFor(cfg))
 }
 
 func TestServePipelineConfigWithoutJanitor(t *testing.T) {

@@ -7,6 +7,7 @@ package metrics
 import (
 	"context"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -151,13 +152,23 @@ func (m *Metrics) ObserveJanitor(rows string, n int, _ time.Duration) {
 // ObservePublished records published outbox rows.
 func (m *Metrics) ObservePublished(n int) { m.published.Add(float64(n)) }
 
-// gauges reads the database's state on every scrape, when this process
-// holds lock (or lock is nil).
+// GaugeReadInterval is how often at most the gauges are read from the
+// database: scrapes within it, concurrent ones included, share one read.
+const GaugeReadInterval = time.Second
+
+// gauges reads the database's state for the scrapes, when this process
+// holds lock (or lock is nil): at most once a GaugeReadInterval, one read
+// at a time, the scrapes meanwhile waiting for it and sharing its result.
 type gauges struct {
 	pool    *pgxpool.Pool
 	logger  *slog.Logger
 	timeout time.Duration
 	lock    *GaugeLock
+
+	mu sync.Mutex
+	// last is the latest read, taken at readAt.
+	last   []prometheus.Metric
+	readAt time.Time
 }
 
 var (
@@ -183,35 +194,49 @@ func (g *gauges) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (g *gauges) Collect(ch chan<- prometheus.Metric) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.last == nil || time.Since(g.readAt) >= GaugeReadInterval {
+		g.last, g.readAt = g.read(), time.Now()
+	}
+	for _, m := range g.last {
+		ch <- m
+	}
+}
+
+// read reads the gauges from the database, or, when another process
+// exports them, only whether the database answers.
+func (g *gauges) read() []prometheus.Metric {
 	ctx, cancel := context.WithTimeout(context.Background(), g.timeout)
 	defer cancel()
+	gauge := func(d *prometheus.Desc, v float64) prometheus.Metric {
+		return prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v)
+	}
 	if g.lock != nil && !g.lock.Held() {
-		ch <- prometheus.MustNewConstMetric(holderDesc, prometheus.GaugeValue, 0)
 		up := 1.0
 		if err := g.pool.Ping(ctx); err != nil {
 			up = 0
 		}
-		ch <- prometheus.MustNewConstMetric(upDesc, prometheus.GaugeValue, up)
-		return
+		return []prometheus.Metric{gauge(holderDesc, 0), gauge(upDesc, up)}
 	}
-	ch <- prometheus.MustNewConstMetric(holderDesc, prometheus.GaugeValue, 1)
 	row, err := dbsqlc.New().MetricsGauges(ctx, g.pool)
 	if err != nil {
 		g.logger.Warn("read metrics gauges", slog.String("error", err.Error()))
-		ch <- prometheus.MustNewConstMetric(upDesc, prometheus.GaugeValue, 0)
-		return
+		return []prometheus.Metric{gauge(holderDesc, 1), gauge(upDesc, 0)}
 	}
-	ch <- prometheus.MustNewConstMetric(upDesc, prometheus.GaugeValue, 1)
-	ch <- prometheus.MustNewConstMetric(pendingDesc, prometheus.GaugeValue, float64(row.Pending))
-	ch <- prometheus.MustNewConstMetric(deadDesc, prometheus.GaugeValue, float64(row.Dead))
-	ch <- prometheus.MustNewConstMetric(oldestDesc, prometheus.GaugeValue, row.OldestPendingSeconds)
-	ch <- prometheus.MustNewConstMetric(backlogDesc, prometheus.GaugeValue, float64(row.OutboxBacklog))
-	ch <- prometheus.MustNewConstMetric(outboxDeadDesc, prometheus.GaugeValue, float64(row.OutboxDead))
-	ch <- prometheus.MustNewConstMetric(repliesDesc, prometheus.GaugeValue, float64(row.RepliesUnpublished))
-	ch <- prometheus.MustNewConstMetric(undeliverDesc, prometheus.GaugeValue, float64(row.RepliesUndeliverable))
-	ch <- prometheus.MustNewConstMetric(keyGenDesc, prometheus.GaugeValue, row.KeyGenerationSeconds)
-	ch <- prometheus.MustNewConstMetric(hotPartDesc, prometheus.GaugeValue, row.KeyHotPartWaitingSeconds)
-	ch <- prometheus.MustNewConstMetric(unfoldedDesc, prometheus.GaugeValue, row.StockUnfoldedSeconds)
+	return []prometheus.Metric{
+		gauge(holderDesc, 1), gauge(upDesc, 1),
+		gauge(pendingDesc, float64(row.Pending)),
+		gauge(deadDesc, float64(row.Dead)),
+		gauge(oldestDesc, row.OldestPendingSeconds),
+		gauge(backlogDesc, float64(row.OutboxBacklog)),
+		gauge(outboxDeadDesc, float64(row.OutboxDead)),
+		gauge(repliesDesc, float64(row.RepliesUnpublished)),
+		gauge(undeliverDesc, float64(row.RepliesUndeliverable)),
+		gauge(keyGenDesc, row.KeyGenerationSeconds),
+		gauge(hotPartDesc, row.KeyHotPartWaitingSeconds),
+		gauge(unfoldedDesc, row.StockUnfoldedSeconds),
+	}
 }
 
 // poolStats exports pgxpool's statistics of each pool, labelled by pool.
