@@ -10,14 +10,22 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/orderconfirm/inboxd/internal/inbox"
+	"github.com/orderconfirm/inboxd/internal/startstop"
 )
 
 // The crashtest build of inboxd, used only by the tests, kills itself with
 // SIGKILL whenever it handles a message of type "test.crash", as a handler
 // that crashes the process (a segfault in a library, the OOM killer) would.
 
+// With INBOXD_TEST_GOROUTINE_PANIC set, a goroutine of the service's
+// panics as serve starts, with a value that quotes DATABASE_URL.
 func init() {
-	wrapHandler = func(h inbox.Handler) inbox.Handler { return crashingHandler{next: h} }
+	wrapHandler = func(h inbox.Handler) inbox.Handler {
+		if os.Getenv("INBOXD_TEST_GOROUTINE_PANIC") != "" {
+			startstop.Go(func() { panic("test panic while connected to " + os.Getenv("DATABASE_URL")) })
+		}
+		return crashingHandler{next: h}
+	}
 }
 
 type crashingHandler struct{ next inbox.Handler }

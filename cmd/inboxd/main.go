@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -25,12 +26,28 @@ import (
 	"syscall"
 	"text/tabwriter"
 
+	"github.com/go-logr/stdr"
+	"go.opentelemetry.io/otel"
+
 	"github.com/orderconfirm/inboxd/internal/broker"
 	"github.com/orderconfirm/inboxd/internal/inbox"
+	"github.com/orderconfirm/inboxd/internal/startstop"
 	"github.com/orderconfirm/inboxd/internal/tracing"
 )
 
 func main() {
+	// What the libraries print through the standard logger (net/http's
+	// recovered handler panics, OpenTelemetry's own messages, which quote
+	// header values) and the panics of the services' goroutines go through
+	// the redactor too.
+	stderr := redactorFor(os.Getenv, broker.Nodes).writer(os.Stderr)
+	log.SetOutput(stderr)
+	otel.SetLogger(stdr.New(log.Default()))
+	startstop.SetPanicHandler(func(v any, stack []byte) {
+		slog.New(slog.NewJSONHandler(stderr, nil)).Error("panic: inboxd stops",
+			slog.String("panic", fmt.Sprint(v)), slog.String("stack", string(stack)))
+		os.Exit(2)
+	})
 	if err := run(context.Background(), os.Args[1:], os.Getenv, os.Stdout, os.Stderr); err != nil {
 		fmt.Fprintf(os.Stderr, "inboxd: %v\n", err)
 		os.Exit(1)
@@ -44,7 +61,7 @@ var errUsage = errors.New("usage: inboxd migrate|serve|redeliver-unroutable|repa
 // Neither its error nor its log holds a password of DATABASE_URL or
 // AMQP_URL, whether they parse or not.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) (err error) {
-	redactor := newRedactor(append([]string{getenv("DATABASE_URL")}, broker.Nodes(getenv("AMQP_URL"))...)...)
+	redactor := redactorFor(getenv, broker.Nodes)
 	defer func() {
 		if err != nil && !errors.Is(err, errUsage) {
 			err = redactedError{err: err, r: redactor}

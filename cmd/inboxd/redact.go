@@ -31,20 +31,67 @@ type redactor struct {
 // newRedactor returns a redactor for the passwords found in values (URLs
 // or key=value DSNs; others add nothing).
 func newRedactor(values ...string) *redactor {
-	seen := map[string]bool{}
 	r := &redactor{}
 	for _, v := range values {
-		for _, pw := range passwordsIn(v) {
-			for _, form := range spellings(pw) {
-				if len(form) >= minSecretLen && !seen[form] {
-					seen[form] = true
-					r.secrets = append(r.secrets, form)
-				}
+		r.add(passwordsIn(v)...)
+	}
+	return r
+}
+
+// otlpHeaderSettings are the OpenTelemetry variables whose values are
+// headers sent to the collector: key=value pairs separated by commas, each
+// value percent-encoded, and as far as inboxd knows each a credential (an
+// API key, a bearer token).
+var otlpHeaderSettings = []string{"OTEL_EXPORTER_OTLP_HEADERS", "OTEL_EXPORTER_OTLP_TRACES_HEADERS"}
+
+// redactorFor returns the redactor of the secrets in the environment: the
+// passwords of DATABASE_URL and of each AMQP_URL node, and the values of
+// the OTLP headers.
+func redactorFor(getenv func(string) string, amqpNodes func(string) []string) *redactor {
+	r := newRedactor(append([]string{getenv("DATABASE_URL")}, amqpNodes(getenv("AMQP_URL"))...)...)
+	for _, name := range otlpHeaderSettings {
+		r.add(headerValues(getenv(name))...)
+	}
+	return r
+}
+
+// headerValues returns the values of a key=value,... header list, each as
+// written and percent-decoded, and the last word of each (the token of
+// "Bearer <token>").
+func headerValues(v string) []string {
+	var out []string
+	for pair := range strings.SplitSeq(v, ",") {
+		_, val, ok := strings.Cut(pair, "=")
+		if !ok {
+			continue
+		}
+		val = strings.TrimSpace(val)
+		out = append(out, val)
+		if dec, err := url.PathUnescape(val); err == nil {
+			out = append(out, dec)
+			if i := strings.LastIndexAny(dec, " \t"); i >= 0 {
+				out = append(out, dec[i+1:])
+			}
+		}
+	}
+	return out
+}
+
+// add makes the redactor mask each of secrets, in every spelling.
+func (r *redactor) add(secrets ...string) {
+	seen := map[string]bool{}
+	for _, s := range r.secrets {
+		seen[s] = true
+	}
+	for _, secret := range secrets {
+		for _, form := range spellings(secret) {
+			if len(form) >= minSecretLen && !seen[form] {
+				seen[form] = true
+				r.secrets = append(r.secrets, form)
 			}
 		}
 	}
 	slices.SortFunc(r.secrets, func(a, b string) int { return cmp.Compare(len(b), len(a)) })
-	return r
 }
 
 // redact returns s without any password: every known form of the

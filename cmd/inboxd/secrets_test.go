@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"net/url"
+	"os"
 	"os/exec"
 	"strings"
 	"syscall"
@@ -83,4 +84,45 @@ func decoded(pw string) string {
 		return d
 	}
 	return pw
+}
+
+// Acceptance: the values of the OTLP headers (a collector's API key or
+// bearer token) appear nowhere in inboxd's output, not even where the
+// OpenTelemetry SDK itself quotes one it cannot read.
+func TestOTLPHeaderValuesAreNeverPrinted(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	out := runBriefly(t, "DATABASE_URL="+db.URL, "AMQP_URL=amqp://guest:guest@127.0.0.1:1/", "HTTP_ADDR=127.0.0.1:0",
+		"INBOX_LOG_LEVEL=debug", "OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:1",
+		"OTEL_EXPORTER_OTLP_HEADERS=authorization=Bearer%20Zx7qTokenA,x-api-key=%zzZx7qTokenB")
+	require.Contains(t, out, "escape header value", "the SDK says it cannot read a header")
+	require.NotContains(t, out, "Zx7q", "a header value is printed")
+}
+
+// Acceptance: a panic of a service's goroutine (one the crashtest build
+// starts, panicking with a value that quotes DATABASE_URL) is logged
+// through the redactor, the password masked, and inboxd exits with status
+// 2; the password appears nowhere in the output. (A handler's panic is
+// caught by the worker, logged and stored as the attempt's error.)
+func TestAPanicIsLoggedRedacted(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const pw = "Zx7qPanicPw"
+	u, err := url.Parse(b.db.URL)
+	require.NoError(t, err)
+	u.User = url.UserPassword(u.User.Username(), pw) // trust auth: any password is taken
+	p := startBinary(t, crashingInboxdPath, serviceEnv(b.db, b.broker, "DATABASE_URL="+u.String(), "INBOXD_TEST_GOROUTINE_PANIC=1"))
+	select {
+	case <-p.done:
+	case <-time.After(60 * time.Second):
+		t.Fatal("inboxd did not exit after the panic")
+	}
+	var exit *exec.ExitError
+	require.ErrorAs(t, p.err, &exit)
+	require.Equal(t, 2, exit.ExitCode())
+	logs, err := os.ReadFile(p.logs)
+	require.NoError(t, err)
+	require.Contains(t, string(logs), `"msg":"panic: inboxd stops"`)
+	require.Contains(t, string(logs), "test panic while connected to postgres://")
+	require.NotContains(t, string(logs), "Zx7q", "the password is printed")
 }

@@ -5,6 +5,8 @@ import (
 	"sync"
 
 	amqp "github.com/rabbitmq/amqp091-go"
+
+	"github.com/orderconfirm/inboxd/internal/startstop"
 )
 
 // Alarm follows whether the broker blocks a connection: RabbitMQ sends
@@ -25,7 +27,7 @@ type Alarm struct {
 func WatchAlarm(conn *amqp.Connection, logger *slog.Logger, what string) *Alarm {
 	a := &Alarm{changed: make(chan struct{})}
 	notes := conn.NotifyBlocked(make(chan amqp.Blocking, 1))
-	go func() {
+	startstop.Go(func() {
 		// amqp091-go sends each notification synchronously: drained at
 		// once, or the connection would stall.
 		for b := range notes {
@@ -36,7 +38,7 @@ func WatchAlarm(conn *amqp.Connection, logger *slog.Logger, what string) *Alarm 
 				logger.Info("broker unblocked the " + what + " connection")
 			}
 		}
-	}()
+	})
 	return a
 }
 

@@ -10,6 +10,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/orderconfirm/inboxd/internal/broker"
+	"github.com/orderconfirm/inboxd/internal/startstop"
 )
 
 // drainPoll is how often Drain looks at the queue it empties.
@@ -61,7 +62,7 @@ func (i *Ingest) drain(ctx context.Context, conn, pubConn *amqp.Connection, queu
 		i.logger.Info("draining", slog.String("queue", queue), slog.Int("messages", q.Messages))
 		p := &partition{queue: queue, yield: make(chan struct{}, 1)}
 		watchCtx, stopWatching := context.WithCancel(ctx)
-		go func() {
+		startstop.Go(func() {
 			tick := time.NewTicker(drainPoll)
 			defer tick.Stop()
 			for {
@@ -76,7 +77,7 @@ func (i *Ingest) drain(ctx context.Context, conn, pubConn *amqp.Connection, queu
 					return
 				}
 			}
-		}()
+		})
 		err = i.consume(ctx, ctx, conn, pubConn, p)
 		stopWatching()
 		switch {

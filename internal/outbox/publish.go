@@ -15,6 +15,7 @@ import (
 	"github.com/orderconfirm/inboxd/internal/broker"
 	"github.com/orderconfirm/inboxd/internal/dbsqlc"
 	"github.com/orderconfirm/inboxd/internal/retry"
+	"github.com/orderconfirm/inboxd/internal/startstop"
 	"github.com/orderconfirm/inboxd/internal/tracing"
 )
 
@@ -79,7 +80,7 @@ func (r *Relay) claim(ctx, workCtx context.Context) (pgx.Tx, []dbsqlc.OutboxClai
 func (r *Relay) publish(workCtx context.Context, ch *amqp.Channel, returns <-chan amqp.Return, p plan, alarm *broker.Alarm) error {
 	waitCtx, cancel := context.WithTimeout(workCtx, r.cfg.ConfirmTimeout)
 	defer cancel()
-	go func() {
+	startstop.Go(func() {
 		for {
 			changed := alarm.Changed()
 			if active, _ := alarm.Active(); active {
@@ -92,7 +93,7 @@ func (r *Relay) publish(workCtx context.Context, ch *amqp.Channel, returns <-cha
 				return
 			}
 		}
-	}()
+	})
 	for n := range p.rounds {
 		if err := publishRound(workCtx, waitCtx, ch, returns, p.due(n)); err != nil {
 			return err

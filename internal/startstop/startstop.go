@@ -8,7 +8,9 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -36,11 +38,37 @@ func (s *Service) Start(ctx context.Context, run func(fetchCtx, workCtx context.
 	workCtx, cancelWork := context.WithCancel(context.WithoutCancel(ctx))
 	fetchCtx, stopFetch := context.WithCancel(ctx)
 	s.stopFetch, s.cancelWork, s.done = stopFetch, cancelWork, make(chan struct{})
-	go func() {
+	Go(func() {
 		defer close(s.done)
 		run(fetchCtx, workCtx)
-	}()
+	})
 	return nil
+}
+
+// panicHandler, when set, is told about a panic of a goroutine started by
+// Go (or Start) before the panic goes on.
+var panicHandler atomic.Pointer[func(v any, stack []byte)]
+
+// SetPanicHandler makes h see the value and stack of every panic of a
+// goroutine started by Go or Start, before the panic goes on as usual. The
+// runtime prints a panic to the process's stderr itself, past any writer
+// the program puts in front of its logs: inboxd logs it through its
+// redacting writer instead, and exits.
+func SetPanicHandler(h func(v any, stack []byte)) { panicHandler.Store(&h) }
+
+// Go runs f in a goroutine whose panic the panic handler sees first.
+func Go(f func()) {
+	go func() {
+		defer func() {
+			if v := recover(); v != nil {
+				if h := panicHandler.Load(); h != nil {
+					(*h)(v, debug.Stack())
+				}
+				panic(v)
+			}
+		}()
+		f()
+	}()
 }
 
 // AbandonAfter is how long Stop still waits for run to return once it has
