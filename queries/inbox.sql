@@ -24,19 +24,26 @@
 -- with another_user set, and never answered. An empty correlation_id is
 -- stored as NULL.
 WITH m AS (
-    SELECT b.*,
-           first_value(nullif(b.user_id, '')) OVER (PARTITION BY b.message_id ORDER BY b.n) AS batch_first_user
+    SELECT *
     FROM ROWS FROM (unnest(@message_ids::text[]), unnest(@message_types::text[]), unnest(@routing_keys::text[]),
                    unnest(@payloads::bytea[]), unnest(@order_keys::text[]),
                    unnest(@traceparents::text[]), unnest(@tracestates::text[]),
                    unnest(@reply_tos::text[]), unnest(@correlation_ids::text[]), unnest(@redelivered::boolean[]),
                    unnest(@user_ids::text[]))
-         WITH ORDINALITY AS b (message_id, message_type, routing_key, payload, order_key, traceparent, tracestate,
+         WITH ORDINALITY AS m (message_id, message_type, routing_key, payload, order_key, traceparent, tracestate,
                                reply_to, correlation_id, redelivered, user_id, n)
+), batch_firsts AS (
+    -- The user_id of each asked-about message's first delivery in the
+    -- batch; only the messages a delivery asks a reply for are sorted.
+    SELECT DISTINCT ON (f.message_id) f.message_id, nullif(f.user_id, '') AS user_id
+    FROM m f
+    WHERE f.message_id IN (SELECT q.message_id FROM m q WHERE coalesce(q.reply_to, '') <> '')
+    ORDER BY f.message_id, f.n
 ), asking AS (
-    SELECT m.*,
-           CASE WHEN s.message_id IS NOT NULL THEN s.user_id ELSE m.batch_first_user END AS first_user
+    SELECT m.message_id, m.reply_to, m.correlation_id, m.redelivered, m.user_id, m.n,
+           CASE WHEN s.message_id IS NOT NULL THEN s.user_id ELSE bf.user_id END AS first_user
     FROM m
+    JOIN batch_firsts bf ON bf.message_id = m.message_id
     LEFT JOIN inbox s ON s.message_id = m.message_id
     WHERE coalesce(m.reply_to, '') <> ''
 ), requests AS (

@@ -365,12 +365,12 @@ func (s *httpService) Start(context.Context) error {
 		return fmt.Errorf("listen on %s: %w", s.setting, err)
 	}
 	s.ln, s.done = ln, make(chan struct{})
-	go func() {
+	startstop.Go(func() {
 		defer close(s.done)
 		if err := s.server.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			s.logger.Error(s.failed, slog.String("error", err.Error()))
 		}
-	}()
+	})
 	return nil
 }
 

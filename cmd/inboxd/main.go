@@ -48,7 +48,9 @@ func main() {
 			slog.String("panic", fmt.Sprint(v)), slog.String("stack", string(stack)))
 		os.Exit(2)
 	})
-	if err := run(context.Background(), os.Args[1:], os.Getenv, os.Stdout, os.Stderr); err != nil {
+	var err error
+	startstop.Guard(func() { err = run(context.Background(), os.Args[1:], os.Getenv, os.Stdout, os.Stderr) })()
+	if err != nil {
 		fmt.Fprintf(os.Stderr, "inboxd: %v\n", err)
 		os.Exit(1)
 	}
@@ -95,11 +97,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	go func() {
+	startstop.Go(func() {
 		// After the first signal, a second one kills the process at once.
 		<-ctx.Done()
 		stop()
-	}()
+	})
 
 	switch args[0] {
 	case "migrate":

@@ -7,6 +7,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/orderconfirm/inboxd/internal/pipeline"
+	"github.com/orderconfirm/inboxd/internal/startstop"
 	"github.com/orderconfirm/inboxd/internal/statuspage"
 )
 
@@ -133,10 +134,10 @@ func (ps *pools) close() {
 // never comes back, and pgxpool's Close waits for every one.
 func closePool(pool *pgxpool.Pool) {
 	closed := make(chan struct{})
-	go func() {
+	startstop.Go(func() {
 		pool.Close()
 		close(closed)
-	}()
+	})
 	select {
 	case <-closed:
 	case <-time.After(time.Second):

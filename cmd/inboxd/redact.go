@@ -57,21 +57,27 @@ func redactorFor(getenv func(string) string, amqpNodes func(string) []string) *r
 
 // headerValues returns the values of a key=value,... header list, each as
 // written and percent-decoded, and the last word of each (the token of
-// "Bearer <token>").
+// "Bearer <token>"). A pair without "=" (the common slip
+// "Authorization: Bearer <token>"), which the OpenTelemetry SDK prints
+// whole when it refuses it, gives the pair and its last word.
 func headerValues(v string) []string {
 	var out []string
+	lastWord := func(s string) string {
+		words := strings.FieldsFunc(s, func(r rune) bool { return r == ' ' || r == '\t' || r == ':' })
+		if len(words) < 2 {
+			return ""
+		}
+		return words[len(words)-1]
+	}
 	for pair := range strings.SplitSeq(v, ",") {
 		_, val, ok := strings.Cut(pair, "=")
 		if !ok {
-			continue
+			val = pair
 		}
 		val = strings.TrimSpace(val)
-		out = append(out, val)
-		if dec, err := url.PathUnescape(val); err == nil {
-			out = append(out, dec)
-			if i := strings.LastIndexAny(dec, " \t"); i >= 0 {
-				out = append(out, dec[i+1:])
-			}
+		out = append(out, val, lastWord(val))
+		if dec, err := url.PathUnescape(val); err == nil && dec != val {
+			out = append(out, dec, lastWord(dec))
 		}
 	}
 	return out

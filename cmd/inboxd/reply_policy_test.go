@@ -167,3 +167,22 @@ func TestARefusedRequestIsAnswered(t *testing.T) {
 	require.Contains(t, reasons["c-large"], "message too large")
 	require.Equal(t, "missing message_id", reasons["c-no-id"])
 }
+
+// Acceptance: a reply row the policy does not allow (stored by an earlier
+// build, or by hand) is refused by the relay, never sent, and ends
+// undeliverable with the reason after its attempts.
+func TestTheRelaySendsNoReplyThePolicyRefuses(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	prod := newProducer(t, b.broker.URL)
+	prod.declare(t, "billing.commands")
+	b.db.Exec(t, `INSERT INTO outbox (idempotency_key, message_id, routing_key, payload, reply_to, correlation_id)
+		VALUES ('reply:old:0', 'old', 'reply', '{"outcome":"confirmed"}', 'billing.commands', 'c-old')`)
+	startProcess(t, serviceEnv(b.db, b.broker, "INBOX_RELAY_MAX_ATTEMPTS=2", "INBOX_RETRY_BASE=50ms", "INBOX_RETRY_MAX=100ms"))
+	require.Eventually(t, func() bool {
+		return b.count(t, "SELECT count(*) FROM outbox WHERE idempotency_key = 'reply:old:0' AND dead_at IS NOT NULL") == 1
+	}, 30*time.Second, 50*time.Millisecond, "the reply ends undeliverable")
+	require.Contains(t, b.db.Strings(t, "SELECT last_error FROM outbox WHERE idempotency_key = 'reply:old:0'")[0],
+		"refused: reply_to is neither direct reply-to nor a queue INBOX_REPLY_QUEUE_PREFIXES allows")
+	require.Zero(t, b.broker.ReadyMessages(t, "billing.commands"), "nothing reached the other service's queue")
+}

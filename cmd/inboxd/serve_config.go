@@ -106,6 +106,7 @@ func relayConfig(cfg *config, d pipelineDeps) *outbox.RelayConfig {
 		Logger:         d.logger,
 		ConnectionName: "inboxd relay " + d.process,
 		QueueType:      cfg.queueType,
+		ReplyPolicy:    broker.ReplyPolicy{QueuePrefixes: cfg.replyQueuePrefixes},
 		BatchSize:      cfg.relayBatchSize,
 		MaxAttempts:    cfg.relayMaxAttempts,
 		PollInterval:   cfg.pollInterval,

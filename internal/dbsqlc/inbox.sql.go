@@ -448,19 +448,26 @@ func (q *Queries) InboxHoldLiveness(ctx context.Context, db DBTX, session int64)
 
 const inboxInsertMany = `-- name: InboxInsertMany :many
 WITH m AS (
-    SELECT b.message_id, b.message_type, b.routing_key, b.payload, b.order_key, b.traceparent, b.tracestate, b.reply_to, b.correlation_id, b.redelivered, b.user_id, b.n,
-           first_value(nullif(b.user_id, '')) OVER (PARTITION BY b.message_id ORDER BY b.n) AS batch_first_user
+    SELECT message_id, message_type, routing_key, payload, order_key, traceparent, tracestate, reply_to, correlation_id, redelivered, user_id, n
     FROM ROWS FROM (unnest($1::text[]), unnest($2::text[]), unnest($3::text[]),
                    unnest($4::bytea[]), unnest($5::text[]),
                    unnest($6::text[]), unnest($7::text[]),
                    unnest($8::text[]), unnest($9::text[]), unnest($10::boolean[]),
                    unnest($11::text[]))
-         WITH ORDINALITY AS b (message_id, message_type, routing_key, payload, order_key, traceparent, tracestate,
+         WITH ORDINALITY AS m (message_id, message_type, routing_key, payload, order_key, traceparent, tracestate,
                                reply_to, correlation_id, redelivered, user_id, n)
+), batch_firsts AS (
+    -- The user_id of each asked-about message's first delivery in the
+    -- batch; only the messages a delivery asks a reply for are sorted.
+    SELECT DISTINCT ON (f.message_id) f.message_id, nullif(f.user_id, '') AS user_id
+    FROM m f
+    WHERE f.message_id IN (SELECT q.message_id FROM m q WHERE coalesce(q.reply_to, '') <> '')
+    ORDER BY f.message_id, f.n
 ), asking AS (
-    SELECT m.message_id, m.message_type, m.routing_key, m.payload, m.order_key, m.traceparent, m.tracestate, m.reply_to, m.correlation_id, m.redelivered, m.user_id, m.n, m.batch_first_user,
-           CASE WHEN s.message_id IS NOT NULL THEN s.user_id ELSE m.batch_first_user END AS first_user
+    SELECT m.message_id, m.reply_to, m.correlation_id, m.redelivered, m.user_id, m.n,
+           CASE WHEN s.message_id IS NOT NULL THEN s.user_id ELSE bf.user_id END AS first_user
     FROM m
+    JOIN batch_firsts bf ON bf.message_id = m.message_id
     LEFT JOIN inbox s ON s.message_id = m.message_id
     WHERE coalesce(m.reply_to, '') <> ''
 ), requests AS (

@@ -43,6 +43,8 @@ type Worker struct {
 	floor *claimfloor.Keeper
 	// lost holds the claims to give back before the next claim.
 	lost lostClaims
+	// waits bounds the log lines of waiting messages.
+	waits waitLog
 	// answerCursor is the last reply request answerLeft looked at.
 	answerCursor atomic.Int64
 	service      startstop.Service
@@ -91,15 +93,15 @@ func (w *Worker) Start(ctx context.Context) error {
 		// process is taken over while it is still handled here.
 		liveCtx, endLiveness := context.WithCancel(workCtx)
 		var live sync.WaitGroup
-		live.Go(func() { w.live.hold(liveCtx, w.pool.Config().ConnConfig, w.logger) })
+		live.Go(startstop.Guard(func() { w.live.hold(liveCtx, w.pool.Config().ConnConfig, w.logger) }))
 		defer func() { endLiveness(); live.Wait() }()
 		var wg sync.WaitGroup
 		for i := range w.cfg.Concurrency {
-			wg.Go(func() { w.loop(fetchCtx, workCtx, i) })
+			wg.Go(startstop.Guard(func() { w.loop(fetchCtx, workCtx, i) }))
 		}
-		wg.Go(func() { w.takeover.loop(fetchCtx, workCtx) })
-		wg.Go(func() { w.answerLoop(fetchCtx, w.cfg.PollInterval) })
-		wg.Go(func() { w.floor.Run(fetchCtx) })
+		wg.Go(startstop.Guard(func() { w.takeover.loop(fetchCtx, workCtx) }))
+		wg.Go(startstop.Guard(func() { w.answerLoop(fetchCtx, w.cfg.PollInterval) }))
+		wg.Go(startstop.Guard(func() { w.floor.Run(fetchCtx) }))
 		wg.Wait()
 	})
 }

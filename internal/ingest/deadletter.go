@@ -105,10 +105,9 @@ func (dl *deadLetters) close() { _ = dl.ch.Close() }
 // dead letter that no queue took is an error: the batch then stays
 // unacknowledged, and the next session declares broker.QueueDead again.
 //
-// A rejected delivery that asked for a reply, to an address the policy
-// allows, gets one saying it was refused and why (see refusal), in the same
-// round: its requester never waits for an answer that cannot come. It is
-// not mandatory: a requester gone holds no dead letter back.
+// Once the dead letters are confirmed, each rejected delivery that asked
+// for a reply, to an address the policy allows, gets one saying it was
+// refused and why (see tellRequesters).
 func (dl *deadLetters) publish(ctx context.Context, rejects []rejection) error {
 	pub := broker.Publisher{Ch: dl.ch}
 	for _, r := range rejects {
@@ -116,15 +115,9 @@ func (dl *deadLetters) publish(ctx context.Context, rejects []rejection) error {
 		if err := pub.Publish(ctx, broker.ExchangeDeadLetter, d.RoutingKey, true, deadLetter(r)); err != nil {
 			return err
 		}
-		answered := d.ReplyTo != "" && dl.replies.Allows(d.ReplyTo)
-		if answered {
-			if err := pub.Publish(ctx, "", d.ReplyTo, false, refusal(r)); err != nil {
-				return err
-			}
-		}
 		dl.logger.WarnContext(tracing.FromHeaders(d.Headers).Context(ctx), "delivery dead-lettered",
 			slog.String("message_id", d.MessageId), slog.String("routing_key", d.RoutingKey),
-			slog.Int("bytes", len(d.Body)), slog.String("reason", r.reason), slog.Bool("requester_told", answered))
+			slog.Int("bytes", len(d.Body)), slog.String("reason", r.reason))
 	}
 	if err := pub.Wait(ctx); err != nil {
 		if errors.Is(err, broker.ErrNacked) {
@@ -137,7 +130,35 @@ func (dl *deadLetters) publish(ctx context.Context, rejects []rejection) error {
 	if n > 0 {
 		return fmt.Errorf("%d dead letters returned unroutable: is %s missing?", n, broker.QueueDead)
 	}
+	dl.tellRequesters(ctx, rejects)
 	return nil
+}
+
+// tellRequesters sends the refusal of each rejected delivery whose
+// requester may be answered, and waits for their confirms. A refusal is
+// not mandatory and holds nothing back: one the broker refuses (a full
+// reply queue that rejects publishes) or does not confirm in time is
+// logged, and the dead letters, confirmed already, are acknowledged all the
+// same; a redelivery of the request would be refused again, under the same
+// message id.
+func (dl *deadLetters) tellRequesters(ctx context.Context, rejects []rejection) {
+	pub := broker.Publisher{Ch: dl.ch}
+	told := 0
+	for _, r := range rejects {
+		if d := r.delivery; d.ReplyTo != "" && dl.replies.Allows(d.ReplyTo) {
+			if err := pub.Publish(ctx, "", d.ReplyTo, false, refusal(r)); err != nil {
+				dl.logger.Warn("refusal not sent to its requester", slog.String("message_id", d.MessageId), slog.String("error", err.Error()))
+				return
+			}
+			told++
+		}
+	}
+	if told == 0 {
+		return
+	}
+	if err := pub.Wait(ctx); err != nil {
+		dl.logger.Warn("refusals not confirmed by the broker", slog.Int("refusals", told), slog.String("error", err.Error()))
+	}
 }
 
 // deadLetter is the message that carries a rejected delivery: its body and

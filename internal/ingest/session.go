@@ -11,6 +11,7 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 
 	"github.com/orderconfirm/inboxd/internal/broker"
+	"github.com/orderconfirm/inboxd/internal/startstop"
 )
 
 // session runs one connection: it declares the topology and consumes each
@@ -47,22 +48,22 @@ func (i *Ingest) session(fetchCtx, workCtx context.Context) error {
 	var consumers sync.WaitGroup
 	for n, queue := range queues {
 		parts[n] = &partition{queue: queue, yield: make(chan struct{}, 1)}
-		consumers.Go(func() {
+		consumers.Go(startstop.Guard(func() {
 			err := i.consumeQueue(sessCtx, workCtx, conn, pubConn, parts[n])
 			if err == nil && fetchCtx.Err() == nil {
 				err = errors.New("consumer stopped")
 			}
 			cancel(err)
-		})
+		}))
 	}
 	i.parts.Store(&parts)
 	defer i.parts.Store(nil)
 	if len(parts) > 1 {
-		consumers.Go(func() {
+		consumers.Go(startstop.Guard(func() {
 			if err := i.balance(sessCtx, conn, parts); err != nil {
 				cancel(err)
 			}
-		})
+		}))
 	}
 	i.logger.Info("connected to broker", slog.Int("partitions", len(parts)))
 	select {

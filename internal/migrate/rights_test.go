@@ -145,6 +145,8 @@ func TestEveryRoleHasOnlyTheRightsTheReadmeLists(t *testing.T) {
 		require.Equal(t, []string{"f f f f f f"}, db.Strings(t, `
 			SELECT concat_ws(' ', rolsuper, rolcreaterole, rolcreatedb, rolreplication, rolbypassrls, rolcanlogin)
 			FROM pg_roles WHERE rolname = $1`, role), "%s has no role attribute and cannot log in", role)
+		require.Empty(t, db.Strings(t, `SELECT m.roleid::regrole::text FROM pg_auth_members m WHERE m.member = $1::regrole`, role),
+			"%s is a member of no role (pg_read_all_data, say, would give it more than the table lists)", role)
 	}
 	require.Zero(t, db.Int(t, `
 		SELECT count(*) FROM pg_namespace n, aclexplode(n.nspacl) a

@@ -227,22 +227,37 @@ func checkID(problems []string, field, v string) []string {
 		r, _ := utf8.DecodeRuneInString(v[i:])
 		return append(problems, fmt.Sprintf("%s holds the bidirectional formatting character %U at byte %d", field, r, i))
 	}
+	if i := strings.IndexFunc(v, isInvisible); i >= 0 {
+		r, _ := utf8.DecodeRuneInString(v[i:])
+		return append(problems, fmt.Sprintf("%s holds the invisible or line-breaking character %U at byte %d", field, r, i))
+	}
 	return problems
 }
+
+// isInvisible reports a format character (Unicode's Cf: zero-width spaces
+// and joiners, the soft hyphen, the byte order mark), which makes two ids
+// that look alike differ, or a line or paragraph separator (Zl, Zp), which
+// breaks a line where a reader does not expect one.
+func isInvisible(r rune) bool { return unicode.In(r, unicode.Cf, unicode.Zl, unicode.Zp) }
 
 // isBidiControl reports a character that changes the direction text is
 // shown in (Unicode's Bidi_Control: marks, embeddings, overrides, isolates).
 func isBidiControl(r rune) bool { return unicode.Is(unicode.Bidi_Control, r) }
 
 // checkText checks free text the service passes on (a cancellation's
-// reason): no control characters but tab and line feed.
+// reason): no control characters but tab and line feed, and no line or
+// paragraph separator (U+2028, U+2029), which some readers take for a line
+// feed and some do not.
 func checkText(problems []string, field, v string) []string {
 	if strings.ContainsRune(v, 0) {
 		return append(problems, field+" holds a NUL character")
 	}
-	if i := strings.IndexFunc(v, func(r rune) bool { return r != '\t' && r != '\n' && unicode.IsControl(r) }); i >= 0 {
+	refused := func(r rune) bool {
+		return (r != '\t' && r != '\n' && unicode.IsControl(r)) || unicode.In(r, unicode.Zl, unicode.Zp)
+	}
+	if i := strings.IndexFunc(v, refused); i >= 0 {
 		r, _ := utf8.DecodeRuneInString(v[i:])
-		return append(problems, fmt.Sprintf("%s holds the control character %U at byte %d", field, r, i))
+		return append(problems, fmt.Sprintf("%s holds the control or line-breaking character %U at byte %d", field, r, i))
 	}
 	return problems
 }

@@ -53,6 +53,9 @@ func TestDecodeOrderCreated(t *testing.T) {
 		"C1InOrderID":    {`{"orderId":"o\u009b","userId":"u","email":"a@b","items":[{"sku":"S","quantity":1}]}`, "orderId holds the control character U+009B"},
 		"DELInUserID":    {`{"orderId":"o","userId":"u\u007f","email":"a@b","items":[{"sku":"S","quantity":1}]}`, "userId holds the control character U+007F"},
 		"TabInSKU":       {`{"orderId":"o","userId":"u","email":"a@b","items":[{"sku":"S","quantity":1},{"sku":"S\t1","quantity":1}]}`, "items[1].sku holds the control character U+0009"},
+		"ZeroWidthInID":  {`{"orderId":"o\u200b1","userId":"u","email":"a@b","items":[{"sku":"S","quantity":1}]}`, "orderId holds the invisible or line-breaking character U+200B"},
+		"BOMInEmail":     {`{"orderId":"o","userId":"u","email":"\ufeffa@b","items":[{"sku":"S","quantity":1}]}`, "email holds the invisible or line-breaking character U+FEFF"},
+		"LineSepInSKU":   {`{"orderId":"o","userId":"u","email":"a@b","items":[{"sku":"S\u2028","quantity":1}]}`, "items[0].sku holds the invisible or line-breaking character U+2028"},
 		"RLOInSKU":       {`{"orderId":"o","userId":"u","email":"a@b","items":[{"sku":"\u202eS","quantity":1}]}`, "items[0].sku holds the bidirectional formatting character U+202E"},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -103,7 +106,9 @@ func TestDecodeOrderCancelled(t *testing.T) {
 	_, err = orders.DecodeOrderCancelled([]byte(`{"orderId":"o\r\n","reason":"x"}`))
 	require.ErrorContains(t, err, "orderId holds the control character U+000D")
 	_, err = orders.DecodeOrderCancelled([]byte(`{"orderId":"o","reason":"gone\u001b]0;pwned\u0007"}`))
-	require.ErrorContains(t, err, "reason holds the control character U+001B")
+	require.ErrorContains(t, err, "reason holds the control or line-breaking character U+001B")
+	_, err = orders.DecodeOrderCancelled([]byte(`{"orderId":"o","reason":"gone\u2029Bcc: x"}`))
+	require.ErrorContains(t, err, "reason holds the control or line-breaking character U+2029")
 	// A reason is free text: lines and tabs are fine, and so is any script.
 	m, err = orders.DecodeOrderCancelled([]byte(`{"orderId":"o","reason":"changed\tmind\nשונה"}`))
 	require.NoError(t, err)
@@ -164,7 +169,7 @@ func requirePlainText(t *testing.T, values ...string) {
 	t.Helper()
 	for _, v := range values {
 		if i := strings.IndexFunc(v, func(r rune) bool {
-			return unicode.IsControl(r) || unicode.Is(unicode.Bidi_Control, r)
+			return unicode.IsControl(r) || unicode.In(r, unicode.Bidi_Control, unicode.Cf, unicode.Zl, unicode.Zp)
 		}); i >= 0 {
 			t.Fatalf("accepted %q, which holds a control or bidi formatting character at byte %d", v, i)
 		}

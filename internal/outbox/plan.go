@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 
+	"github.com/orderconfirm/inboxd/internal/broker"
 	"github.com/orderconfirm/inboxd/internal/dbsqlc"
 	"github.com/orderconfirm/inboxd/internal/msgid"
 	"github.com/orderconfirm/inboxd/internal/tracing"
@@ -32,10 +33,15 @@ type claimedRow struct {
 
 // refusal says why the row cannot be published as it is, whatever the
 // broker's state: an id or routing key that does not fit an AMQP short
-// string, which the client would refuse after closing the connection. Rows
-// the handler writes always fit (msgid.EventID); rows written by an earlier
-// build or by hand may not. It returns "" for a row that can be sent.
-func (c *claimedRow) refusal() string {
+// string, which the client would refuse after closing the connection, or a
+// reply to an address replies may not go to. Rows the handler writes
+// always fit (msgid.EventID), and ingest stores no request replies may not
+// answer; rows written by an earlier build or by hand may not. It returns
+// "" for a row that can be sent.
+func (c *claimedRow) refusal(replies broker.ReplyPolicy) string {
+	if c.ReplyTo != "" && !replies.Allows(c.ReplyTo) {
+		return "refused: reply_to is neither direct reply-to nor a queue INBOX_REPLY_QUEUE_PREFIXES allows"
+	}
 	if err := msgid.Check(c.IdempotencyKey); err != nil {
 		return fmt.Sprintf("refused: the event id cannot be sent as an AMQP message_id: %v", err)
 	}

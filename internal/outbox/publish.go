@@ -95,7 +95,7 @@ func (r *Relay) publish(workCtx context.Context, ch *amqp.Channel, returns <-cha
 		}
 	})
 	for n := range p.rounds {
-		if err := publishRound(workCtx, waitCtx, ch, returns, p.due(n)); err != nil {
+		if err := publishRound(workCtx, waitCtx, ch, returns, p.due(n), r.cfg.ReplyPolicy); err != nil {
 			return err
 		}
 	}
@@ -106,12 +106,12 @@ func (r *Relay) publish(workCtx context.Context, ch *amqp.Channel, returns <-cha
 // waitCtx ends, and reads their returns, marking each row confirmed or
 // returned. A publish that fails ends the round, leaving the rows after it
 // unpublished, and its error is returned.
-func publishRound(workCtx, waitCtx context.Context, ch *amqp.Channel, returns <-chan amqp.Return, rows []*claimedRow) error {
+func publishRound(workCtx, waitCtx context.Context, ch *amqp.Channel, returns <-chan amqp.Return, rows []*claimedRow, replies broker.ReplyPolicy) error {
 	pub := broker.Publisher{Ch: ch}
 	var sent []*claimedRow
 	var publishErr error
 	for _, row := range rows {
-		if row.reason = row.refusal(); row.reason != "" {
+		if row.reason = row.refusal(replies); row.reason != "" {
 			row.refused = true
 			continue
 		}

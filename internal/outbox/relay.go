@@ -47,6 +47,12 @@ type RelayConfig struct {
 	// QueueType is the type of the queues the relay declares with the rest
 	// of the topology. Defaults to broker.QueueTypeQuorum.
 	QueueType string
+	// ReplyPolicy says where replies may go; a reply row whose reply_to it
+	// does not allow (stored by an earlier build, or written by hand) is
+	// refused, not sent, and ends undeliverable after MaxAttempts. Ingest
+	// stores no request for such an address. Defaults to direct reply-to
+	// only.
+	ReplyPolicy broker.ReplyPolicy
 	// BatchSize is the most rows claimed and published at once. Defaults to
 	// BatchSizeDefault (1,000): a round of confirms costs the same for one row as for a thousand.
 	BatchSize int
@@ -196,7 +202,7 @@ func (r *Relay) Blocked() (bool, string) { return r.alarm.Load().Active() }
 func (r *Relay) Start(ctx context.Context) error {
 	return r.service.Start(ctx, func(ctx, workCtx context.Context) {
 		var wg sync.WaitGroup
-		wg.Go(func() { r.floor.Run(ctx) })
+		wg.Go(startstop.Guard(func() { r.floor.Run(ctx) }))
 		r.run(ctx, workCtx)
 		wg.Wait()
 	})

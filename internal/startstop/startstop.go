@@ -57,8 +57,13 @@ var panicHandler atomic.Pointer[func(v any, stack []byte)]
 func SetPanicHandler(h func(v any, stack []byte)) { panicHandler.Store(&h) }
 
 // Go runs f in a goroutine whose panic the panic handler sees first.
-func Go(f func()) {
-	go func() {
+func Go(f func()) { go Guard(f)() }
+
+// Guard returns f wrapped so that a panic of f is seen by the panic handler
+// first, for goroutines started otherwise (sync.WaitGroup.Go), and for the
+// main goroutine's own work.
+func Guard(f func()) func() {
+	return func() {
 		defer func() {
 			if v := recover(); v != nil {
 				if h := panicHandler.Load(); h != nil {
@@ -68,7 +73,7 @@ func Go(f func()) {
 			}
 		}()
 		f()
-	}()
+	}
 }
 
 // AbandonAfter is how long Stop still waits for run to return once it has
