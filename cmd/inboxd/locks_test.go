@@ -248,3 +248,41 @@ func holdWhileOthersFlow(t *testing.T, b *e2eBundle, c lockCase, hold time.Durat
 	}, 30*time.Second, 20*time.Millisecond, "%s: its order's messages processed once it is released", c.name)
 	return lockedAt, releasedAt
 }
+
+// Acceptance: a stock row held by another session for 8 seconds while 100
+// orders that need it arrive makes each of them wait again and again, and
+// the log says so a handful of times, not once per wait: the first wait for
+// the reason at once, then once every 10 s with how many were not logged.
+// inbox_handled_total{outcome="waiting"} counts every wait. Once the row
+// is free, every order is confirmed.
+func TestAStallDoesNotFloodTheLog(t *testing.T) {
+	t.Parallel()
+	b := setupIn(t, testenv.NewDBAlone(t)) // holds a row lock for seconds
+	addr := freeAddr(t)
+	p := startProcess(t, serviceEnv(b.db, b.broker, "HTTP_ADDR="+addr))
+	holder := b.db.Session(t)
+	tx, err := holder.Begin(t.Context())
+	require.NoError(t, err)
+	_, err = tx.Exec(t.Context(), "SELECT 1 FROM stock WHERE sku = 'SKU-1' FOR UPDATE")
+	require.NoError(t, err)
+
+	var msgs []loadgen.Message
+	for i := range 100 {
+		body, err := json.Marshal(orders.OrderCreated{OrderID: fmt.Sprintf("w-%d", i), UserID: "u", Email: "u@example.com",
+			Items: []orders.Item{{SKU: "SKU-1", Quantity: 1}}})
+		require.NoError(t, err)
+		msgs = append(msgs, loadgen.Message{MessageID: fmt.Sprintf("w-%d", i), RoutingKey: orders.TypeOrderCreated, Body: body})
+	}
+	require.NoError(t, loadgen.Publish(t.Context(), b.broker.URL, msgs, 50))
+	time.Sleep(8 * time.Second) // the stall the log must not flood
+	require.NoError(t, tx.Rollback(t.Context()))
+	b.waitDrained(t, len(msgs), time.Minute)
+	require.Equal(t, len(msgs), b.count(t, "SELECT count(*) FROM order_confirmations WHERE status = 'confirmed'"))
+
+	lines := p.countLines(`"msg":"message waits`)
+	waits := scrape(t, addr)[`inbox_handled_total{outcome="waiting"}`]
+	t.Logf("%v waits, %d log lines", waits, lines)
+	require.Greater(t, waits, float64(len(msgs)), "the orders waited again and again")
+	require.Positive(t, lines, "the wait is logged")
+	require.LessOrEqual(t, lines, 3, "once when it starts, then once every 10 s")
+}

@@ -184,8 +184,11 @@ func (w *Worker) logDecision(ctx context.Context, c claimed) {
 		w.logger.InfoContext(mctx, "message will be retried", slog.String("message_id", m.MessageID),
 			slog.Int("attempt", m.Attempt), slog.Duration("retry_in", d.delay), slog.String("error", d.lastError))
 	case outcomeWaiting:
-		w.logger.InfoContext(mctx, "message waits, its attempt not counted", slog.String("message_id", m.MessageID),
-			slog.Duration("retry_in", d.delay), slog.String("reason", d.lastError))
+		if ok, notLogged := w.waits.allow(d.lastError, time.Now()); ok {
+			w.logger.InfoContext(mctx, "message waits, its attempt not counted (logged once every 10s for each reason)",
+				slog.String("message_id", m.MessageID), slog.Duration("retry_in", d.delay), slog.String("reason", d.lastError),
+				slog.Int("waits_not_logged", notLogged))
+		}
 	}
 }
 
