@@ -84,7 +84,7 @@ func TestMakeVerifyCatchesStaleGeneratedCode(t *testing.T) {
 	t.Run("QueryChanged", func(t *testing.T) {
 		t.Parallel()
 		dir := copyRepo(t)
-		replaceIn(t, filepath.Join(dir, "queries", "inbox.sql"), "RETURNING message_id;", "RETURNING message_id, received_at;")
+		replaceIn(t, filepath.Join(dir, "queries", "inbox.sql"), "false AS another_user FROM stored", "false AS from_another_user FROM stored")
 		out, err := makeVerify(t, dir, sqlc)
 		require.Error(t, err, "make verify passed with a stale query:\n%s", out)
 	})
