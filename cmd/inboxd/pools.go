@@ -96,7 +96,7 @@ func openPools(ctx context.Context, cfg *config) (*pools, error) {
 		if p.size == 0 {
 			continue
 		}
-		pool, err := newPool(ctx, cfg, p.name, p.size)
+		pool, err := newPool(ctx, cfg, p.name, p.size, shortIdle[p.name])
 		if err != nil {
 			ps.close()
 			return nil, err
@@ -105,6 +105,14 @@ func openPools(ctx context.Context, cfg *config) (*pools, error) {
 	}
 	return ps, nil
 }
+
+// shortIdle names the pools whose transactions wait on nothing outside
+// PostgreSQL (the workers' lock, handle and record; ingest's insert): their
+// sessions carry INBOX_WORKER_IDLE_IN_TX_TIMEOUT, so that a replica frozen
+// in the middle of one (a VM pause, SIGSTOP, a stuck node: its sockets stay
+// open) holds the rows it locked for seconds, not for the minute the
+// relay's confirms need.
+var shortIdle = map[string]bool{"worker": true, "ingest": true}
 
 // attach gives the pipeline's services their pools.
 func (ps *pools) attach(pc *pipeline.Config) {

@@ -36,7 +36,7 @@ func repartition(ctx context.Context, cfg *config, logger *slog.Logger, stdout i
 		return fmt.Errorf("route %s to the layout of %d partitions: %w", broker.ExchangeOrders, cfg.partitions, err)
 	}
 	fmt.Fprintf(stdout, "%s now routes to the layout of INBOX_PARTITIONS=%d\n", broker.ExchangeOrders, cfg.partitions)
-	pool, err := newPool(ctx, cfg, "repartition", 2)
+	pool, err := newPool(ctx, cfg, "repartition", 2, false)
 	if err != nil {
 		return err
 	}

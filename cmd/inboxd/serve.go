@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"time"
 
@@ -245,9 +246,12 @@ func newStatusPage(cfg *config, pool *pgxpool.Pool, logger *slog.Logger, build s
 	return page, nil
 }
 
-func newPool(ctx context.Context, cfg *config, name string, maxConns int) (*pgxpool.Pool, error) {
+func newPool(ctx context.Context, cfg *config, name string, maxConns int, shortIdle bool) (*pgxpool.Pool, error) {
 	pc := cfg.dbConfig.Copy()
 	pc.MaxConns = int32(maxConns)
+	if shortIdle {
+		pc.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = strconv.FormatInt(cfg.workerIdleInTx.Milliseconds(), 10)
+	}
 	pc.ConnConfig.RuntimeParams["application_name"] += " " + name
 	// A context that ends inside a query cancels the query instead of
 	// closing the connection. Not for the LISTEN and lock sessions, which

@@ -242,7 +242,7 @@ func TestServePipelineConfigWithoutJanitor(t *testing.T) {
 }
 
 func TestServePoolsAttached(t *testing.T) {
-	ps := &pools{ingest: &pgxpool.Pool{}, worker: &pgxpool.Pool{}, relay: &pgxpool.Pool{}, status: &pgxpool.Pool{}, ready: &pgxpool.Pool{}}
+	ps := &pools{ingest: &pgxpool.Pool{}, worker: &pgxpool.Pool{}, relay: &pgxpool.Pool{}, gauges: &pgxpool.Pool{}, status: &pgxpool.Pool{}, ready: &pgxpool.Pool{}}
 	pc := &pipeline.Config{}
 	ps.attach(pc)
 	require.Same(t, ps.ingest, pc.IngestPool)
@@ -250,8 +250,9 @@ func TestServePoolsAttached(t *testing.T) {
 	require.Same(t, ps.relay, pc.RelayPool)
 	require.Same(t, ps.relay, pc.JanitorPool, "the janitor deletes through the relay's pool")
 	measured := ps.measured()
-	require.Len(t, measured, 3)
+	require.Len(t, measured, 4)
 	require.Same(t, ps.ingest, measured["ingest"])
 	require.Same(t, ps.worker, measured["worker"])
 	require.Same(t, ps.relay, measured["relay"])
+	require.Same(t, ps.gauges, measured["gauges"])
 }

@@ -1,0 +1,124 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/url"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/orderconfirm/inboxd/internal/loadgen"
+	"github.com/orderconfirm/inboxd/internal/orders"
+	"github.com/orderconfirm/inboxd/internal/testenv"
+)
+
+// withApplicationName returns the database URL with application_name set,
+// so that the test can tell the two replicas' sessions apart.
+func withApplicationName(t *testing.T, dbURL, name string) string {
+	t.Helper()
+	u, err := url.Parse(dbURL)
+	require.NoError(t, err)
+	q := u.Query()
+	q.Set("application_name", name)
+	u.RawQuery = q.Encode()
+	return u.String()
+}
+
+// Acceptance: a replica frozen (SIGSTOP, as a VM pause or a stuck node
+// would; its sockets stay open) while its batch holds stock rows stalls the
+// other replica's orders of those SKUs for INBOX_WORKER_IDLE_IN_TX_TIMEOUT,
+// not for as long as it is frozen: PostgreSQL ends its idle transaction and
+// the rows are free. Every order published once that timeout has passed
+// is processed by the other replica before the frozen one resumes; resumed,
+// it drops its broken batch and goes on, and nothing is lost or doubled.
+func TestAFrozenReplicaHoldsTheRowsItLockedForSecondsOnly(t *testing.T) {
+	if raceEnabled {
+		t.Skip("the bound is in seconds, and a race-built inboxd keeps up with 100 orders a second only at times")
+	}
+	t.Parallel()
+	const idle, freeze, perSecond = 2 * time.Second, 15 * time.Second, 100
+	b := setupIn(t, testenv.NewDBAlone(t)) // a frozen transaction holds back cleanup
+	env := func(name string) []string {
+		return serviceEnv(b.db, b.broker, "DATABASE_URL="+withApplicationName(t, b.db.URL, name),
+			fmt.Sprintf("INBOX_WORKER_IDLE_IN_TX_TIMEOUT=%s", idle), "INBOX_WORKER_BATCH_SIZE=50")
+	}
+	order := func(i int) loadgen.Message {
+		body, err := json.Marshal(orders.OrderCreated{OrderID: fmt.Sprintf("f-%05d", i), UserID: "u", Email: "u@example.com",
+			Items: []orders.Item{{SKU: fmt.Sprintf("SKU-%d", 1+i%3), Quantity: 1}}})
+		require.NoError(t, err)
+		return loadgen.Message{MessageID: fmt.Sprintf("f-%05d", i), RoutingKey: orders.TypeOrderCreated, Body: body}
+	}
+	// The stable replica first, so that it is the queue's active consumer:
+	// the frozen one only claims and handles.
+	startProcess(t, env("stable"))
+	require.NoError(t, loadgen.Publish(t.Context(), b.broker.URL, []loadgen.Message{order(0)}, 1))
+	b.waitDrained(t, 1, 30*time.Second)
+	frozen := startProcess(t, env("frozen"))
+	t.Cleanup(func() { _ = frozen.cmd.Process.Signal(syscall.SIGCONT) })
+
+	total := int((freeze + 20*time.Second).Seconds()) * perSecond
+	flow := make([]loadgen.Message, total)
+	for i := range flow {
+		flow[i] = order(i + 1)
+	}
+	started := time.Now()
+	published := make(chan error, 1)
+	go func() { published <- loadgen.PublishPaced(context.WithoutCancel(t.Context()), b.broker.URL, flow, 10, perSecond) }()
+
+	// Freeze the replica while one of its batches holds a stock row: in a
+	// transaction, and the rows stay locked while it is stopped.
+	probe := b.db.Session(t)
+	lockedByOthers := func() int {
+		var free int
+		tx, err := probe.Begin(t.Context())
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(context.WithoutCancel(t.Context())) }()
+		require.NoError(t, tx.QueryRow(t.Context(), `SELECT count(*) FROM (SELECT sku FROM stock WHERE sku IN ('SKU-1', 'SKU-2', 'SKU-3') FOR UPDATE SKIP LOCKED) s`).Scan(&free))
+		return 3 - free
+	}
+	var frozenAt time.Time
+	for attempt := 0; frozenAt.IsZero(); attempt++ {
+		require.Less(t, attempt, 200, "the replica was never caught holding a stock row")
+		time.Sleep(50 * time.Millisecond)
+		if b.count(t, `SELECT count(*) FROM pg_stat_activity
+			WHERE application_name = 'frozen worker' AND backend_xid IS NOT NULL`) == 0 {
+			continue
+		}
+		require.NoError(t, frozen.cmd.Process.Signal(syscall.SIGSTOP))
+		held := true
+		for range 5 { // the stable replica's own locks last milliseconds
+			time.Sleep(30 * time.Millisecond)
+			held = held && lockedByOthers() > 0
+		}
+		if held {
+			frozenAt = time.Now()
+			break
+		}
+		require.NoError(t, frozen.cmd.Process.Signal(syscall.SIGCONT))
+	}
+	time.Sleep(freeze)
+	// Before it resumes: every order published once the idle timeout (and a
+	// margin for the waits' retries) had passed, and long enough ago to be
+	// handled, is processed already.
+	var due []string
+	for i := range flow {
+		at := started.Add(time.Duration(i) * time.Second / perSecond)
+		if at.After(frozenAt.Add(idle+2*time.Second)) && at.Before(time.Now().Add(-3*time.Second)) {
+			due = append(due, flow[i].MessageID)
+		}
+	}
+	require.NotEmpty(t, due)
+	pendingBeforeResume := b.count(t, "SELECT count(*) FROM inbox WHERE message_id = ANY($1) AND status <> 'processed'", due)
+	require.NoError(t, frozen.cmd.Process.Signal(syscall.SIGCONT))
+	require.Zero(t, pendingBeforeResume, "of %d orders published from %s after the freeze on, some waited for the frozen replica", len(due), idle+2*time.Second)
+
+	require.NoError(t, <-published)
+	b.waitDrained(t, total+1, time.Minute)
+	require.Equal(t, total+1, b.count(t, "SELECT count(*) FROM order_confirmations WHERE status = 'confirmed'"), "every order confirmed once")
+	require.Zero(t, b.count(t, "SELECT count(*) FROM inbox WHERE status <> 'processed'"))
+	require.False(t, frozen.exited(), "the resumed replica goes on")
+}
