@@ -67,7 +67,9 @@ func TestAFrozenReplicaHoldsTheRowsItLockedForSecondsOnly(t *testing.T) {
 	}
 	started := time.Now()
 	published := make(chan error, 1)
-	go func() { published <- loadgen.PublishPaced(context.WithoutCancel(t.Context()), b.broker.URL, flow, 10, perSecond) }()
+	go func() {
+		published <- loadgen.PublishPaced(context.WithoutCancel(t.Context()), b.broker.URL, flow, 10, perSecond)
+	}()
 
 	// Freeze the replica while one of its batches holds a stock row: in a
 	// transaction, and the rows stay locked while it is stopped.

@@ -18,12 +18,7 @@ import (
 func TestSlowClientsAreCutOff(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	addr := freeAddr(t)
-	startProcess(t, serviceEnv(b.db, b.broker, "HTTP_ADDR="+addr))
-	require.Eventually(t, func() bool {
-		status, _ := httpGet(t, "http://"+addr+"/readyz")
-		return status == http.StatusOK
-	}, 30*time.Second, 50*time.Millisecond)
+	_, addr := startServing(t, b)
 
 	for name, tc := range map[string]struct {
 		sent   string

@@ -258,8 +258,7 @@ func holdWhileOthersFlow(t *testing.T, b *e2eBundle, c lockCase, hold time.Durat
 func TestAStallDoesNotFloodTheLog(t *testing.T) {
 	t.Parallel()
 	b := setupIn(t, testenv.NewDBAlone(t)) // holds a row lock for seconds
-	addr := freeAddr(t)
-	p := startProcess(t, serviceEnv(b.db, b.broker, "HTTP_ADDR="+addr))
+	p, addr := startServing(t, b)
 	holder := b.db.Session(t)
 	tx, err := holder.Begin(t.Context())
 	require.NoError(t, err)

@@ -39,6 +39,20 @@ func httpGet(t *testing.T, rawURL string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
+// startServing starts inboxd serve with env's extra settings and HTTP on an
+// address of its own, waits until /readyz answers 200, and returns the
+// process and that address.
+func startServing(t *testing.T, b *e2eBundle, extra ...string) (*process, string) {
+	t.Helper()
+	addr := freeAddr(t)
+	p := startProcess(t, serviceEnv(b.db, b.broker, append(extra, "HTTP_ADDR="+addr)...))
+	require.Eventually(t, func() bool {
+		status, _ := httpGet(t, "http://"+addr+"/readyz")
+		return status == http.StatusOK
+	}, 30*time.Second, 50*time.Millisecond, "inboxd ready")
+	return p, addr
+}
+
 // scrape returns the samples of /metrics by their name and labels as
 // written, e.g. `inbox_handled_total{outcome="dead"}`.
 func scrape(t *testing.T, addr string) map[string]float64 {
@@ -161,12 +175,7 @@ func TestMetricsAndReadiness(t *testing.T) {
 func TestScrapesNeverTakeTheRelaysConnections(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	addr := freeAddr(t)
-	startProcess(t, serviceEnv(b.db, b.broker, "HTTP_ADDR="+addr))
-	require.Eventually(t, func() bool {
-		status, _ := httpGet(t, "http://"+addr+"/readyz")
-		return status == http.StatusOK
-	}, 30*time.Second, 50*time.Millisecond)
+	_, addr := startServing(t, b)
 	before := scrape(t, addr)
 	started := time.Now()
 

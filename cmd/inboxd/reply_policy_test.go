@@ -61,8 +61,7 @@ func (p *process) countLines(s string) int {
 func TestRepliesGoOnlyWhereTheyMay(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	addr := freeAddr(t)
-	p := startProcess(t, serviceEnv(b.db, b.broker, "HTTP_ADDR="+addr, "INBOX_REPLY_QUEUE_PREFIXES=checkout.replies."))
+	p, addr := startServing(t, b, "INBOX_REPLY_QUEUE_PREFIXES=checkout.replies.")
 	prod := newProducer(t, b.broker.URL)
 	prod.declare(t, "billing.commands", "checkout.replies.1")
 	direct := newRequester(t, b.broker.URL, false)
@@ -100,8 +99,7 @@ func TestRepliesGoOnlyWhereTheyMay(t *testing.T) {
 func TestACopyIsAnsweredOnlyForItsFirstUser(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	addr := freeAddr(t)
-	startProcess(t, serviceEnv(b.db, b.broker, "HTTP_ADDR="+addr))
+	_, addr := startServing(t, b)
 	owner := newRequester(t, b.broker.URL, false)
 	otherURL := b.broker.NewUser(t, "other")
 	other := newRequester(t, otherURL, false)
