@@ -40,7 +40,7 @@ func TestAFrozenReplicaHoldsTheRowsItLockedForSecondsOnly(t *testing.T) {
 		t.Skip("the bound is in seconds, and a race-built inboxd keeps up with 100 orders a second only at times")
 	}
 	t.Parallel()
-	const idle, freeze, perSecond = 2 * time.Second, 15 * time.Second, 100
+	const idle, freeze, perSecond = 2 * time.Second, 20 * time.Second, 100
 	b := setupIn(t, testenv.NewDBAlone(t)) // a frozen transaction holds back cleanup
 	env := func(name string) []string {
 		return serviceEnv(b.db, b.broker, "DATABASE_URL="+withApplicationName(t, b.db.URL, name),
@@ -105,11 +105,11 @@ func TestAFrozenReplicaHoldsTheRowsItLockedForSecondsOnly(t *testing.T) {
 	time.Sleep(freeze)
 	// Before it resumes: every order published once the idle timeout (and a
 	// margin for the waits' retries) had passed, and long enough ago to be
-	// handled, is processed already.
+	// handled on a busy machine (8 s), is processed already.
 	var due []string
 	for i := range flow {
 		at := started.Add(time.Duration(i) * time.Second / perSecond)
-		if at.After(frozenAt.Add(idle+2*time.Second)) && at.Before(time.Now().Add(-3*time.Second)) {
+		if at.After(frozenAt.Add(idle+2*time.Second)) && at.Before(time.Now().Add(-8*time.Second)) {
 			due = append(due, flow[i].MessageID)
 		}
 	}
