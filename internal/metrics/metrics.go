@@ -73,7 +73,7 @@ func New(pool *pgxpool.Pool, logger *slog.Logger, timeout time.Duration, build s
 			Buckets: prometheus.ExponentialBuckets(1, 2, 12),
 		}),
 		outcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "inbox_handled_total", Help: "Handling attempts by outcome: processed, retried or dead.",
+			Name: "inbox_handled_total", Help: "Handling attempts by outcome: processed, retried or dead; waiting counts the messages put back without an attempt counted (a row they need is held).",
 		}, []string{"outcome"}),
 		replays: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "inbox_replays_total", Help: "Replayed messages handled.",
