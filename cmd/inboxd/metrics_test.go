@@ -168,7 +168,8 @@ func TestMetricsAndReadiness(t *testing.T) {
 		10*time.Second, 100*time.Millisecond, "inbox_database_up turns 0")
 }
 
-// Acceptance: 500 scrapes, 50 at a time, during a drain of 1,000 orders
+// Acceptance: 500 scrapes, 50 at a time, during a drain of 1,000 orders (200
+// and 300 with -short)
 // never make the relay's pool wait: the gauges are read on a pool of their
 // own at most once a second, shared by the scrapes, and scrapes beyond the
 // bound get 503 at once. Every order's events are published.
@@ -179,13 +180,17 @@ func TestScrapesNeverTakeTheRelaysConnections(t *testing.T) {
 	before := scrape(t, addr)
 	started := time.Now()
 
-	w := loadgen.Generate(loadgen.Spec{Orders: 1000, Seed: 43})
+	orders, scrapers := 1000, 50
+	if testing.Short() { // the race run: its inboxd is slower, the point the same
+		orders, scrapers = 300, 20
+	}
+	w := loadgen.Generate(loadgen.Spec{Orders: orders, Seed: 43})
 	published := make(chan error, 1)
 	go func() { published <- loadgen.Publish(t.Context(), b.broker.URL, w.Messages, 100) }()
 	var mu sync.Mutex
 	statuses := map[int]int{}
 	var wg sync.WaitGroup
-	for range 50 {
+	for range scrapers {
 		wg.Go(func() {
 			for range 10 {
 				status, _ := httpGet(t, "http://"+addr+"/metrics")
@@ -201,7 +206,7 @@ func TestScrapesNeverTakeTheRelaysConnections(t *testing.T) {
 	b.requireEventsOnce(t)
 
 	t.Logf("scrapes by status: %v", statuses)
-	require.Equal(t, 500, statuses[http.StatusOK]+statuses[http.StatusServiceUnavailable], "each scrape served or refused at once: %v", statuses)
+	require.Equal(t, 10*scrapers, statuses[http.StatusOK]+statuses[http.StatusServiceUnavailable], "each scrape served or refused at once: %v", statuses)
 	require.Positive(t, statuses[http.StatusOK])
 	after := scrape(t, addr)
 	elapsed := time.Since(started)
