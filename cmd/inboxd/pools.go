@@ -107,12 +107,12 @@ func openPools(ctx context.Context, cfg *config) (*pools, error) {
 }
 
 // shortIdle names the pools whose transactions wait on nothing outside
-// PostgreSQL (the workers' lock, handle and record; ingest's insert): their
-// sessions carry INBOX_WORKER_IDLE_IN_TX_TIMEOUT, so that a replica frozen
-// in the middle of one (a VM pause, SIGSTOP, a stuck node: its sockets stay
-// open) holds the rows it locked for seconds, not for the minute the
-// relay's confirms need.
-var shortIdle = map[string]bool{"worker": true, "ingest": true}
+// PostgreSQL (the workers' lock, handle and record): their sessions carry
+// INBOX_WORKER_IDLE_IN_TX_TIMEOUT, so that a replica frozen in the middle of
+// one (a VM pause, SIGSTOP, a stuck node: its sockets stay open) holds the
+// rows it locked for seconds, not for the minute the relay's confirms need.
+// (Ingest runs single statements, in no transaction of its own.)
+var shortIdle = map[string]bool{"worker": true}
 
 // attach gives the pipeline's services their pools.
 func (ps *pools) attach(pc *pipeline.Config) {
