@@ -252,7 +252,8 @@ func holdWhileOthersFlow(t *testing.T, b *e2eBundle, c lockCase, hold time.Durat
 // Acceptance: a stock row held by another session for 8 seconds while 100
 // orders that need it arrive makes each of them wait again and again, and
 // the log says so a handful of times, not once per wait: the first wait for
-// the reason at once, then once every 10 s with how many were not logged.
+// the reason at once, then once every 10 s with how many were not logged,
+// and once when the waits for it have ended, with the rest of the count.
 // inbox_handled_total{outcome="waiting"} counts every wait. Once the row
 // is free, every order is confirmed.
 func TestAStallDoesNotFloodTheLog(t *testing.T) {
@@ -288,4 +289,7 @@ func TestAStallDoesNotFloodTheLog(t *testing.T) {
 	require.Greater(t, waits, float64(len(msgs)), "the orders waited again and again")
 	require.Positive(t, lines, "the wait is logged")
 	require.LessOrEqual(t, lines, 3, "once when it starts, then once every 10 s")
+	require.Eventually(t, func() bool {
+		return p.logContains(`"msg":"messages no longer wait for this reason","pid"`) && p.logContains(`"reason":"waiting: stock row SKU-1 locked by another session","waits_not_logged":`)
+	}, 30*time.Second, 100*time.Millisecond, "and once when it ends, with the waits it did not log")
 }

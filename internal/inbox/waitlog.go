@@ -10,8 +10,7 @@ const (
 	// waitLogEvery is how often at most a wait for one reason is logged.
 	waitLogEvery = 10 * time.Second
 	// waitLogReasons is the most reasons waitLog remembers; past it, a new
-	// reason is logged only once an old one has not been seen for
-	// waitLogEvery.
+	// reason is not logged until ended has forgotten one.
 	waitLogReasons = 1024
 )
 
@@ -21,6 +20,8 @@ const (
 // stock rows every order needs wrote two thousand a second). So the first
 // wait for a reason is logged at once, and later ones for the same reason
 // at most once every waitLogEvery, with how many were not logged since;
+// once no wait for the reason has come for waitLogEvery, ended says so,
+// with the waits not logged since the last line.
 // inbox_handled_total{outcome="waiting"} counts every one.
 type waitLog struct {
 	mu      sync.Mutex
@@ -29,7 +30,15 @@ type waitLog struct {
 
 type waitLogReason struct {
 	logged    time.Time // when a wait for the reason was last logged
-	notLogged int       // waits for it since, not logged
+	seen      time.Time // when the last wait for it came
+	notLogged int       // waits for it since the last line, not logged
+}
+
+// endedWait is a reason no wait has come for in waitLogEvery, with the
+// waits for it that were not logged.
+type endedWait struct {
+	reason    string
+	notLogged int
 }
 
 // allow reports whether a wait for reason, at now, is logged, and how many
@@ -38,6 +47,7 @@ func (l *waitLog) allow(reason string, now time.Time) (bool, int) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if r, ok := l.reasons[reason]; ok {
+		r.seen = now
 		if now.Sub(r.logged) < waitLogEvery {
 			r.notLogged++
 			return false, 0
@@ -50,15 +60,26 @@ func (l *waitLog) allow(reason string, now time.Time) (bool, int) {
 		l.reasons = map[string]*waitLogReason{}
 	}
 	if len(l.reasons) >= waitLogReasons {
-		for k, r := range l.reasons {
-			if now.Sub(r.logged) >= waitLogEvery {
-				delete(l.reasons, k)
-			}
-		}
-		if len(l.reasons) >= waitLogReasons {
-			return false, 0
-		}
+		return false, 0 // until ended makes room
 	}
-	l.reasons[reason] = &waitLogReason{logged: now}
+	l.reasons[reason] = &waitLogReason{logged: now, seen: now}
 	return true, 0
+}
+
+// ended forgets the reasons no wait has come for in waitLogEvery, and
+// returns those with waits that were not logged.
+func (l *waitLog) ended(now time.Time) []endedWait {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var out []endedWait
+	for reason, r := range l.reasons {
+		if now.Sub(r.seen) < waitLogEvery {
+			continue
+		}
+		if r.notLogged > 0 {
+			out = append(out, endedWait{reason: reason, notLogged: r.notLogged})
+		}
+		delete(l.reasons, reason)
+	}
+	return out
 }

@@ -122,6 +122,7 @@ func (w *Worker) loop(fetchCtx, workCtx context.Context, n int) {
 	defer poll.Stop()
 	failures := retry.Failures{Policy: retry.Transient}
 	for fetchCtx.Err() == nil {
+		w.logEndedWaits()
 		claimed, err := w.runBatch(workCtx)
 		if err != nil {
 			if !failures.Wait(fetchCtx, logger, "work batch failed", err) {
@@ -143,6 +144,15 @@ func (w *Worker) loop(fetchCtx, workCtx context.Context, n int) {
 		case <-w.wake:
 		case <-poll.C:
 		}
+	}
+}
+
+// logEndedWaits logs, once, each reason messages waited for that no wait
+// has come for in a while, with the waits not logged (see waitLog).
+func (w *Worker) logEndedWaits() {
+	for _, e := range w.waits.ended(time.Now()) {
+		w.logger.Info("messages no longer wait for this reason", slog.String("reason", e.reason),
+			slog.Int("waits_not_logged", e.notLogged))
 	}
 }
 
