@@ -136,9 +136,8 @@ func storable(s string) string {
 	return s
 }
 
-// complete records every message's decision in one statement, queues the
-// replies of the messages that ended, and logs those that did not end
-// processed.
+// complete records every message's decision in one statement and queues
+// the replies of the messages that ended.
 func (w *Worker) complete(ctx context.Context, tx pgx.Tx, batch []claimed) error {
 	p := dbsqlc.InboxCompleteManyParams{
 		Process:       w.cfg.Process,
@@ -158,7 +157,6 @@ func (w *Worker) complete(ctx context.Context, tx pgx.Tx, batch []claimed) error
 		if d.status == StatusProcessed || d.status == StatusDead {
 			requests = append(requests, c.replyRequests...)
 		}
-		w.logDecision(ctx, c)
 	}
 	if err := w.queries.InboxCompleteMany(ctx, tx, p); err != nil {
 		return fmt.Errorf("record outcomes: %w", err)
@@ -171,6 +169,16 @@ func (w *Worker) complete(ctx context.Context, tx pgx.Tx, batch []claimed) error
 		}
 	}
 	return nil
+}
+
+// logDecisions logs the messages of a committed batch that did not end
+// processed. It runs after the commit: a log that blocks (a stalled log
+// driver's pipe) never keeps a work transaction open, where the workers'
+// short idle limit would end it.
+func (w *Worker) logDecisions(ctx context.Context, batch []claimed) {
+	for _, c := range batch {
+		w.logDecision(ctx, c)
+	}
 }
 
 func (w *Worker) logDecision(ctx context.Context, c claimed) {

@@ -83,8 +83,11 @@ func (w *Worker) workIn(ctx context.Context, tx pgx.Tx, c claims) error {
 	}
 	batch := w.claimedBatch(ctx, rows, c.takenOver)
 	handlerDuration, err := w.finish(ctx, tx, batch)
-	if err == nil && w.cfg.Observe != nil {
-		w.cfg.Observe(batchStats(batch, handlerDuration))
+	if err == nil {
+		w.logDecisions(ctx, batch)
+		if w.cfg.Observe != nil {
+			w.cfg.Observe(batchStats(batch, handlerDuration))
+		}
 	}
 	// Every message's process span ends once its outcome is known: after
 	// the commit, or with the error that abandoned the batch.
