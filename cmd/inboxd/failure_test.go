@@ -17,7 +17,11 @@ func TestCrashLoopEndsDead(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	const maxAttempts = 3
-	env := serviceEnv(b.db, b.broker, "INBOX_MAX_ATTEMPTS=3", "INBOX_CLAIM_LEASE=300ms")
+	// The lease covers only a claim taken before the process's liveness
+	// session was up; at 300 ms, a claim a loaded machine took that long
+	// to lock was taken over by its own process, spending an attempt
+	// without a crash (seen once in CI beside the whole suite).
+	env := serviceEnv(b.db, b.broker, "INBOX_MAX_ATTEMPTS=3", "INBOX_CLAIM_LEASE=3s")
 
 	w := loadgen.Generate(loadgen.Spec{Orders: 200, Seed: 5})
 	msgs := append([]loadgen.Message{}, w.Messages[:100]...)
