@@ -10,7 +10,6 @@ import (
 	amqp "github.com/rabbitmq/amqp091-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/orderconfirm/inboxd/internal/broker"
 	"github.com/orderconfirm/inboxd/internal/loadgen"
 )
 
@@ -51,14 +50,7 @@ const ownReplyQueues = "INBOX_REPLY_QUEUE_PREFIXES=amq.gen-"
 // and waits for the broker's confirm.
 func (r *requester) request(t *testing.T, messageID, routingKey, correlationID string, body []byte) {
 	t.Helper()
-	dc, err := r.ch.PublishWithDeferredConfirmWithContext(t.Context(), broker.ExchangeOrders, routingKey, false, false, amqp.Publishing{
-		MessageId: messageID, CorrelationId: correlationID, ReplyTo: r.replyTo,
-		DeliveryMode: amqp.Persistent, ContentType: "application/json", Body: body,
-	})
-	require.NoError(t, err)
-	ok, err := dc.WaitContext(t.Context())
-	require.NoError(t, err)
-	require.True(t, ok)
+	publishConfirmed(t, r.ch, routingKey, amqp.Publishing{MessageId: messageID, CorrelationId: correlationID, ReplyTo: r.replyTo, Body: body})
 }
 
 // reply is a received reply, its body decoded.
@@ -367,12 +359,7 @@ func TestRepliesAtTheEdges(t *testing.T) {
 // empty); the broker refuses a user_id that is not the connection's user.
 func (r *requester) requestAs(t *testing.T, userID, messageID, correlationID string, body []byte) {
 	t.Helper()
-	dc, err := r.ch.PublishWithDeferredConfirmWithContext(t.Context(), broker.ExchangeOrders, "order.created", false, false, amqp.Publishing{
-		MessageId: messageID, CorrelationId: correlationID, ReplyTo: r.replyTo, UserId: userID,
-		DeliveryMode: amqp.Persistent, ContentType: "application/json", Body: body,
+	publishConfirmed(t, r.ch, "order.created", amqp.Publishing{
+		MessageId: messageID, CorrelationId: correlationID, ReplyTo: r.replyTo, UserId: userID, Body: body,
 	})
-	require.NoError(t, err)
-	ok, err := dc.WaitContext(t.Context())
-	require.NoError(t, err)
-	require.True(t, ok)
 }

@@ -28,11 +28,18 @@ func newProducer(t *testing.T, url string) *producer {
 	return &producer{ch: ch}
 }
 
-// publish publishes p to the orders exchange and waits for its confirm.
+// publish publishes msg to the orders exchange and waits for its confirm.
 func (p *producer) publish(t *testing.T, routingKey string, msg amqp.Publishing) {
 	t.Helper()
+	publishConfirmed(t, p.ch, routingKey, msg)
+}
+
+// publishConfirmed publishes msg, persistent JSON, to the orders exchange
+// on ch, in confirm mode, and waits for the broker's confirm.
+func publishConfirmed(t *testing.T, ch *amqp.Channel, routingKey string, msg amqp.Publishing) {
+	t.Helper()
 	msg.DeliveryMode, msg.ContentType = amqp.Persistent, "application/json"
-	dc, err := p.ch.PublishWithDeferredConfirmWithContext(t.Context(), broker.ExchangeOrders, routingKey, false, false, msg)
+	dc, err := ch.PublishWithDeferredConfirmWithContext(t.Context(), broker.ExchangeOrders, routingKey, false, false, msg)
 	require.NoError(t, err)
 	ok, err := dc.WaitContext(t.Context())
 	require.NoError(t, err)
