@@ -426,7 +426,7 @@ SELECT pg_advisory_lock(sqlc.arg(session)::bigint);
 -- from the call before proves safe, and returns the floor and the note
 -- for the next call (noted_last and noted_inserters are NULL the first
 -- time). The claims start their scans at the floor: every pending message
--- has an id at least this (migration 00022 has the argument). It runs as a
+-- has an id at least this (migrations/00003_claim_floors.sql has the argument). It runs as a
 -- statement of its own, under READ COMMITTED.
 SELECT r.floor::bigint AS floor, r.next_last::bigint AS next_last, r.next_inserters::text[] AS next_inserters
 FROM inbox_claim_floor_raise(sqlc.narg(noted_last)::bigint, sqlc.narg(noted_inserters)::text[]) AS r;

@@ -74,7 +74,7 @@ WHERE id IN (
 -- undeliverable (their requester was gone) more than older_than_seconds
 -- ago. They are never published, so JanitorDeletePublished leaves them.
 -- Oldest end first, in outbox_dead_at_idx's order: the pass reads the dead
--- rows' entries and no others (see migration 00028).
+-- rows' entries and no others (see outbox_dead_at_idx).
 DELETE FROM outbox
 WHERE id IN (
     SELECT id FROM outbox

@@ -1,6 +1,6 @@
 -- Run by the compose file's db-login service after `inboxd migrate`, as the
 -- database owner: the login inboxd serves as, a member of inbox_service
--- (the role migration 00009 creates and grants), and nothing more.
+-- (the role migrations/00007_roles.sql creates and grants), and nothing more.
 -- Idempotent, so it runs at every `docker compose up`. psql variables:
 -- password (the login's password).
 \set ON_ERROR_STOP on

@@ -3,7 +3,7 @@
 // scans. Without it, a snapshot held open for minutes (an analytics query,
 // pg_dump, a standby with hot_standby_feedback) leaves every claim wading
 // through the index entries of every row ended since, which vacuum may not
-// remove. Migration 00022 keeps the floors in PostgreSQL and has the
+// remove. migrations/00003_claim_floors.sql keeps the floors in PostgreSQL and has the
 // argument for why raising one is safe; this package only calls it.
 package claimfloor
 

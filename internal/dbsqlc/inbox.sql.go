@@ -128,7 +128,7 @@ type InboxClaimFloorRaiseRow struct {
 // from the call before proves safe, and returns the floor and the note
 // for the next call (noted_last and noted_inserters are NULL the first
 // time). The claims start their scans at the floor: every pending message
-// has an id at least this (migration 00022 has the argument). It runs as a
+// has an id at least this (migrations/00003_claim_floors.sql has the argument). It runs as a
 // statement of its own, under READ COMMITTED.
 func (q *Queries) InboxClaimFloorRaise(ctx context.Context, db DBTX, arg InboxClaimFloorRaiseParams) (InboxClaimFloorRaiseRow, error) {
 	row := db.QueryRow(ctx, inboxClaimFloorRaise, arg.NotedLast, arg.NotedInserters)

@@ -209,7 +209,7 @@ type JanitorDeleteUndeliverableParams struct {
 // undeliverable (their requester was gone) more than older_than_seconds
 // ago. They are never published, so JanitorDeletePublished leaves them.
 // Oldest end first, in outbox_dead_at_idx's order: the pass reads the dead
-// rows' entries and no others (see migration 00028).
+// rows' entries and no others (see outbox_dead_at_idx).
 func (q *Queries) JanitorDeleteUndeliverable(ctx context.Context, db DBTX, arg JanitorDeleteUndeliverableParams) (int64, error) {
 	result, err := db.Exec(ctx, janitorDeleteUndeliverable, arg.OlderThanSeconds, arg.MaxRows)
 	if err != nil {

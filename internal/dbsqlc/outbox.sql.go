@@ -38,7 +38,7 @@ WITH candidate AS (
           -- row between the floor and this one, for each candidate
           -- (90,000 entries for a claim of 300 orders). The look-up names
           -- no dead_at condition, so the open rows' index cannot serve it
-          -- (migration 00030).
+          -- (outbox_open_idx).
           AND NOT EXISTS (
               SELECT 1 FROM outbox w
               WHERE w.order_key = o.order_key

@@ -19,7 +19,7 @@ const answerLeftScan = 10_000
 // message was being handled (after the batch locked it) is seen by
 // neither, and one another session held when its message ended was
 // skipped. Every other request is answered where it is stored or where its
-// message ends (see migration 00021); these gaps close within a few poll
+// message ends (see migrations/00001_inbox.sql); these gaps close within a few poll
 // intervals. Each pass looks at up to answerLeftScan
 // unanswered requests, going on from where the last pass stopped. It
 // returns how many replies it queued.

@@ -8,15 +8,12 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/stdlib"
-	"github.com/pressly/goose/v3"
 	"github.com/stretchr/testify/require"
 
 	"github.com/orderconfirm/inboxd/internal/dbsqlc"
 	"github.com/orderconfirm/inboxd/internal/janitor"
 	"github.com/orderconfirm/inboxd/internal/testenv"
 	"github.com/orderconfirm/inboxd/internal/testfactory"
-	"github.com/orderconfirm/inboxd/migrations"
 )
 
 // hotParts lists the key ledger's hot parts as "part state slot".
@@ -232,53 +229,6 @@ func TestTheJanitorSealsAGrownPartAndMergesIt(t *testing.T) {
 	require.Zero(t, db.Int(t, "SELECT count(*) FROM inbox_keys_8"))
 }
 
-// Migrating to the hot parts (00031) is online and copies nothing: the
-// keys in the slots stay there and stay duplicates, new keys go to the
-// current generation's part. Going back down moves the parts' keys into
-// their slots first, so nothing is forgotten.
-func TestTheHotPartsMigrateOnlineAndBack(t *testing.T) {
-	t.Parallel()
-	db := testenv.NewDBAt(t, 30)
-	require.Equal(t, []string{"before"}, storeAsOf30(t, db.Pool, "before"))
-	db.MigrateUp(t)
-	require.Equal(t, []string{"8 writing 0", "9 empty -"}, hotParts(t, db))
-	require.Equal(t, []string{"after"}, store(t, db.Pool, "after"))
-	require.Equal(t, []string{"after 8", "before 0"}, db.Strings(t, "SELECT message_id || ' ' || slot FROM inbox_keys ORDER BY 1"))
-	exec(t, db.Pool, "DELETE FROM inbox")
-	require.Empty(t, store(t, db.Pool, "before", "after"))
-
-	sqlDB := stdlib.OpenDBFromPool(db.Pool)
-	defer func() { _ = sqlDB.Close() }()
-	provider, err := goose.NewProvider(goose.DialectPostgres, sqlDB, migrations.FS)
-	require.NoError(t, err)
-	_, err = provider.DownTo(t.Context(), 30)
-	require.NoError(t, err)
-	require.Equal(t, []string{"after 0", "before 0"}, db.Strings(t, "SELECT message_id || ' ' || slot FROM inbox_keys ORDER BY 1"))
-	require.Empty(t, storeAsOf30(t, db.Pool, "before", "after"))
-	require.Equal(t, []string{"later"}, storeAsOf30(t, db.Pool, "later"))
-	require.Equal(t, 1, db.Int(t, "SELECT count(*) FROM inbox_keys_0 WHERE message_id = 'later'"))
-}
-
-// storeAsOf30 stores messages with the ids as the ingest statement of a
-// build at migration 30 does (today's stores columns that schema lacks),
-// and returns the ids it inserted.
-func storeAsOf30(t *testing.T, db dbsqlc.DBTX, ids ...string) []string {
-	t.Helper()
-	rows, err := db.Query(t.Context(), `
-		INSERT INTO inbox (message_id, message_type, routing_key, payload, order_key)
-		SELECT m.message_id, 'order.created', 'order.created', convert_to('{}', 'UTF8'), m.message_id
-		FROM unnest($1::text[]) WITH ORDINALITY AS m (message_id, n)
-		WHERE NOT EXISTS (SELECT 1 FROM inbox_keys k WHERE k.message_id = m.message_id)
-		  AND (SELECT set_config('inboxd.keys_checked', statement_timestamp()::text, true)) IS NOT NULL
-		ORDER BY m.n
-		ON CONFLICT (message_id) DO NOTHING
-		RETURNING message_id`, ids)
-	require.NoError(t, err)
-	inserted, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	require.NoError(t, err)
-	return inserted
-}
-
 // A hot part that has grown gets statistics from the janitor, once: the
 // planner then takes each probe of it to match one key, not one in 200 of
 // the part (which put the ingest statement over JIT's threshold).
@@ -372,30 +322,6 @@ func TestTheJanitorMergesARangeAtATime(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{"8 empty -", "9 writing 0"}, hotParts(t, db))
 	requireInSlot0Once(t, db, 20000)
-}
-
-// Migrating to merges by ranges (00032) is online; going back down finishes
-// a merge under way, so that 00031's merge, which copies a whole part,
-// does not copy its keys twice.
-func TestTheMergeByRangesMigratesOnlineAndBack(t *testing.T) {
-	t.Parallel()
-	db := testenv.NewDBAt(t, 31)
-	exec(t, db.Pool, "INSERT INTO inbox_keys (slot, message_id) SELECT 8, md5(g::text) FROM generate_series(1, 20000) g")
-	seal(t, db)
-	db.MigrateUp(t)
-	require.Positive(t, db.Int(t, "SELECT inbox_keys_merge(pg_relation_size('inbox_keys_8') / 4)"))
-	require.Equal(t, []string{"8 sealed 0", "9 writing 0"}, hotParts(t, db), "under way")
-
-	sqlDB := stdlib.OpenDBFromPool(db.Pool)
-	defer func() { _ = sqlDB.Close() }()
-	provider, err := goose.NewProvider(goose.DialectPostgres, sqlDB, migrations.FS)
-	require.NoError(t, err)
-	_, err = provider.DownTo(t.Context(), 31)
-	require.NoError(t, err)
-	require.Equal(t, []string{"8 merged 0", "9 writing 0"}, hotParts(t, db), "finished on the way down")
-	requireInSlot0Once(t, db, 20000)
-	require.Equal(t, -1, db.Int(t, "SELECT coalesce(inbox_keys_merge(), -1)"), "00031's merge finds nothing left to copy")
-	require.Equal(t, 1, db.Int(t, "SELECT inbox_keys_empty()::int"))
 }
 
 // A part merged into a slot just emptied, whose index is a few pages, is

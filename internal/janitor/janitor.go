@@ -3,7 +3,7 @@
 // window, dead ones past a longer one, published outbox rows, undeliverable
 // replies and old conflict records. It also rotates the key ledger, which
 // remembers the ids of messages for the dedupe window whether or not their
-// rows are still kept (migration 00025).
+// rows are still kept (migrations/00004_inbox_keys.sql).
 //
 // It deletes in small batches, each its own short transaction that takes
 // only rows nobody has locked (SKIP LOCKED), so cleanup never holds up
@@ -178,7 +178,7 @@ func (j *Janitor) Stop(ctx context.Context) {
 }
 
 // tendHotParts moves the key ledger's sealed hot part into its slot and
-// empties it (migrations 00031 and 00032), so that a rotation or a seal
+// empties it (migrations/00004_inbox_keys.sql), so that a rotation or a seal
 // finds the other part empty, and gives a grown part statistics if it has
 // none. The merge goes a range of buckets at a time, each its own
 // transaction, pausing between two as long as the last took. A part that

@@ -303,50 +303,6 @@ func TestARotationGivesUpOnABusyLedger(t *testing.T) {
 	require.EqualValues(t, 2, generation)
 }
 
-// Migrating a schema with rows in every state to the key ledger loses
-// nothing and copies nothing: the ledger starts empty, the ids stored
-// before it stay duplicates through their rows' unique index, those rows
-// stay for a whole window whatever the retention, and an operator's replay
-// of an old row works as before.
-func TestTheLedgerMigratesOnline(t *testing.T) {
-	t.Parallel()
-	db := testenv.NewDBAt(t, 24)
-	ctx := t.Context()
-	hoursAgo := func(h int) *time.Time { v := time.Now().Add(-time.Duration(h) * time.Hour); return &v }
-	for _, row := range []testfactory.InboxRowOpts{
-		{MessageID: "old-pending", OrderKey: "o-1"},
-		{MessageID: "old-retrying", Attempts: 2, LastError: "boom", NextAttemptAt: hoursAgo(-1), OrderKey: "o-2"},
-		{MessageID: "old-claimed", Attempts: 1, ClaimedAt: hoursAgo(0), ClaimedBy: "old/1", ClaimedBuild: "b0", OrderKey: "o-3"},
-		{MessageID: "old-processed", Status: "processed", Attempts: 1, ReceivedAt: hoursAgo(48), ProcessedAt: hoursAgo(48)},
-		{MessageID: "old-replayed", Status: "processed", Attempts: 1, ReceivedAt: hoursAgo(48), ProcessedAt: hoursAgo(48)},
-		{MessageID: "old-dead", Status: "dead", Attempts: 10, LastError: "bad", ReceivedAt: hoursAgo(48), ProcessedAt: hoursAgo(48)},
-	} {
-		testfactory.InboxRow(ctx, t, db.Pool, &row)
-	}
-
-	db.MigrateUp(t)
-	require.Equal(t, 6, db.Int(t, "SELECT count(*) FROM inbox"), "nothing lost")
-	require.Zero(t, db.Int(t, "SELECT count(*) FROM inbox_keys"), "nothing copied")
-
-	require.Equal(t, []string{"new-1"}, store(t, db.Pool,
-		"old-pending", "old-retrying", "old-claimed", "old-processed", "old-replayed", "old-dead", "new-1"),
-		"the old ids are duplicates, the new one is stored")
-	require.True(t, remembered(t, db, "new-1"))
-	require.Empty(t, store(t, db.Pool, "new-1"))
-
-	exec(t, db.Pool, "UPDATE inbox SET replay_requested = true, replay_reason = 'test' WHERE message_id IN ('old-replayed', 'old-dead')")
-	require.Equal(t, []string{"old-claimed", "old-dead", "old-pending", "old-replayed", "old-retrying"},
-		db.Strings(t, "SELECT message_id FROM inbox WHERE message_id LIKE 'old-%' AND status = 'pending' AND replay_count = CASE WHEN message_id IN ('old-replayed', 'old-dead') THEN 1 ELSE 0 END ORDER BY message_id"))
-
-	// A retention shorter than the window: the old processed row stays
-	// until the ledger has covered a window.
-	j := newJanitor(t, db.Pool, janitor.Config{Retention: 24 * time.Hour, DeadRetention: 24 * time.Hour, DedupeWindow: 84 * time.Hour})
-	res, err := j.RunOnce(ctx)
-	require.NoError(t, err)
-	require.Zero(t, res[janitor.RowsProcessed])
-	require.Empty(t, store(t, db.Pool, "old-processed"))
-}
-
 // Every insert into the inbox looks its id up in the ledger: ingest's for
 // its batch, any other's row by row in a trigger. A session that stored
 // while the ledger was empty must still look up through the index once the

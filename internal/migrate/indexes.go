@@ -4,16 +4,9 @@ import (
 	"context"
 	"database/sql"
 	"fmt"
-	"io/fs"
-	"log/slog"
-	"regexp"
-	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/pressly/goose/v3"
-
-	"github.com/orderconfirm/inboxd/migrations"
 )
 
 // InvalidIndexError reports INVALID indexes (pg_index.indisvalid false) in
@@ -97,78 +90,4 @@ func invalidIndexError(_ context.Context, scanSchema func(...any) error, names [
 		return fmt.Errorf("read current schema: %w", err)
 	}
 	return &InvalidIndexError{Schema: schema, Indexes: names}
-}
-
-// concurrentIndex is an index a migration builds concurrently.
-type concurrentIndex struct {
-	version   int64
-	name      string
-	statement string
-}
-
-var (
-	createConcurrently = regexp.MustCompile(`(?is)CREATE\s+(?:UNIQUE\s+)?INDEX\s+CONCURRENTLY\s+IF\s+NOT\s+EXISTS\s+(\w+)\s+ON\s+[^;]+;`)
-	dropIndex          = regexp.MustCompile(`(?is)DROP\s+INDEX\s+(?:CONCURRENTLY\s+)?(?:IF\s+EXISTS\s+)?(\w+)`)
-)
-
-// concurrentIndexes returns the indexes the Up sections of the embedded
-// migrations build with CREATE INDEX CONCURRENTLY IF NOT EXISTS and no
-// later migration drops.
-func concurrentIndexes() ([]concurrentIndex, error) {
-	names, err := fs.Glob(migrations.FS, "*.sql")
-	if err != nil {
-		return nil, err
-	}
-	var out []concurrentIndex
-	dropped := map[string]int64{} // index name → last version that drops it
-	for _, file := range names {
-		v, err := goose.NumericComponent(file)
-		if err != nil {
-			return nil, fmt.Errorf("migration %s: %w", file, err)
-		}
-		b, err := fs.ReadFile(migrations.FS, file)
-		if err != nil {
-			return nil, err
-		}
-		up, _, _ := strings.Cut(string(b), "-- +goose Down")
-		for _, m := range createConcurrently.FindAllStringSubmatch(up, -1) {
-			out = append(out, concurrentIndex{version: v, name: m[1], statement: m[0]})
-		}
-		for _, m := range dropIndex.FindAllStringSubmatch(up, -1) {
-			dropped[m[1]] = max(dropped[m[1]], v)
-		}
-	}
-	return slices.DeleteFunc(out, func(ix concurrentIndex) bool { return dropped[ix.name] > ix.version }), nil
-}
-
-// rebuildMissingIndexes builds again each concurrent index of an applied
-// migration that the schema lacks: an operator dropped it because it was
-// INVALID, as InvalidIndexError says to.
-func rebuildMissingIndexes(ctx context.Context, db *sql.DB, logger *slog.Logger) error {
-	indexes, err := concurrentIndexes()
-	if err != nil {
-		return err
-	}
-	var applied int64
-	if err := db.QueryRowContext(ctx, "SELECT coalesce(max(version_id), 0) FROM goose_db_version WHERE is_applied").Scan(&applied); err != nil {
-		return fmt.Errorf("read the schema version: %w", err)
-	}
-	for _, ix := range indexes {
-		if ix.version > applied {
-			continue
-		}
-		var exists bool
-		err := db.QueryRowContext(ctx, "SELECT to_regclass(quote_ident(current_schema()) || '.' || quote_ident($1)) IS NOT NULL", ix.name).Scan(&exists)
-		if err != nil {
-			return fmt.Errorf("look for index %s: %w", ix.name, err)
-		}
-		if exists {
-			continue
-		}
-		logger.InfoContext(ctx, "building a missing index of an applied migration", slog.String("index", ix.name), slog.Int64("version", ix.version))
-		if _, err := db.ExecContext(ctx, ix.statement); err != nil {
-			return fmt.Errorf("build index %s of migration %d: %w", ix.name, ix.version, err)
-		}
-	}
-	return nil
 }

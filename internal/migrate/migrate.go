@@ -34,9 +34,6 @@ type Options struct {
 	// LockTimeout bounds every lock wait of the migration session. Defaults
 	// to LockTimeoutDefault.
 	LockTimeout time.Duration
-	// UpTo, when set, is the last version applied: the schema as an older
-	// inboxd left it (tests of a migration from it).
-	UpTo int64
 }
 
 // Up applies every pending migration to the schema that connConfig's
@@ -54,9 +51,7 @@ func Up(ctx context.Context, connConfig *pgx.ConnConfig, logger *slog.Logger) (i
 // and a lock_timeout of opts.LockTimeout. A concurrent index build that
 // fails leaves an INVALID index behind, which CREATE INDEX CONCURRENTLY IF
 // NOT EXISTS would then skip forever: Up returns an *InvalidIndexError,
-// before and after migrating, while the schema has one. A concurrent index
-// of an applied migration that is missing (dropped to fix an INVALID one)
-// is built again.
+// before and after migrating, while the schema has one.
 //
 // Replicas starting together are safe: goose holds a PostgreSQL session-level
 // advisory lock while it migrates. The lock id is derived from the database and
@@ -90,12 +85,7 @@ func UpWithOptions(ctx context.Context, connConfig *pgx.ConnConfig, logger *slog
 	if err != nil {
 		return 0, fmt.Errorf("create migration provider: %w", err)
 	}
-	var results []*goose.MigrationResult
-	if opts.UpTo > 0 {
-		results, err = provider.UpTo(ctx, opts.UpTo)
-	} else {
-		results, err = provider.Up(ctx)
-	}
+	results, err := provider.Up(ctx)
 	for _, r := range results {
 		if r.Error != nil {
 			continue
@@ -114,9 +104,6 @@ func UpWithOptions(ctx context.Context, connConfig *pgx.ConnConfig, logger *slog
 			return 0, fmt.Errorf("apply migrations: %w; %w", err, idxErr)
 		}
 		return 0, fmt.Errorf("apply migrations: %w", err)
-	}
-	if err := rebuildMissingIndexes(ctx, db, logger); err != nil {
-		return len(results), err
 	}
 	if err := checkIndexes(ctx, db); err != nil {
 		return len(results), err

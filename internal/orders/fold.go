@@ -13,7 +13,7 @@ import (
 // stock.available: how far behind the moves stock.available may be (the
 // levels in stock_levels and stock_overview never are). Each fold writes
 // a version of every stock row it folds, which a snapshot held open keeps
-// (see migration 00026): the longer the interval, the fewer a long
+// (see migrations/00005_orders.sql): the longer the interval, the fewer a long
 // snapshot sees.
 const StockFoldInterval = 30 * time.Second
 

@@ -11,13 +11,10 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/stdlib"
-	"github.com/pressly/goose/v3"
 	"github.com/stretchr/testify/require"
 
 	"github.com/orderconfirm/inboxd/internal/orders"
 	"github.com/orderconfirm/inboxd/internal/testenv"
-	"github.com/orderconfirm/inboxd/migrations"
 )
 
 // stockRow is what a look-up of a SKU finds: its row's version (where it
@@ -183,55 +180,6 @@ func TestStockAvailableCannotGoBelowTheMoves(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, stockRow{version: b.stockRow(t, "OWN-1").version, available: 4, folded: 4}, b.stockRow(t, "OWN-1"),
 		"set after a fold: the level is what was set")
-}
-
-// Migrating down past 00026 folds every SKU's moves into stock.available
-// before it drops them, however many SKUs have moves, and those of a batch
-// still running included: it waits for the batch, and no move is lost.
-func TestMigratingDownFoldsEveryMove(t *testing.T) {
-	t.Parallel()
-	b := setup(t)
-	b.setStock(t, map[string]int{"DOWN-1": 10})
-	for i := range 3 { // 1 of SKU-1 and 2 of SKU-2 each
-		b.handle(t, created(fmt.Sprintf("m-%d", i), fmt.Sprintf("o-%d", i)))
-	}
-	const many = 10_001 // more than a fold takes at once
-	_, err := b.db.Pool.Exec(t.Context(), "INSERT INTO stock (sku, available) SELECT 'MANY-' || g, 5 FROM generate_series(1, $1::int) g", many)
-	require.NoError(t, err)
-	_, err = b.db.Pool.Exec(t.Context(), "INSERT INTO stock_moves (sku, quantity) SELECT 'MANY-' || g, -2 FROM generate_series(1, $1::int) g", many)
-	require.NoError(t, err)
-	batch, err := b.db.Pool.Begin(t.Context())
-	require.NoError(t, err)
-	defer func() { _ = batch.Rollback(context.WithoutCancel(t.Context())) }()
-	_, err = batch.Exec(t.Context(), "SELECT * FROM stock_lock('{DOWN-1}', 500)")
-	require.NoError(t, err)
-	_, err = batch.Exec(t.Context(), "INSERT INTO stock_moves (sku, quantity) VALUES ('DOWN-1', -4)")
-	require.NoError(t, err)
-
-	down := make(chan error, 1)
-	var finished atomic.Bool
-	go func() {
-		sqlDB := stdlib.OpenDBFromPool(b.db.Pool)
-		defer sqlDB.Close()
-		provider, err := goose.NewProvider(goose.DialectPostgres, sqlDB, migrations.FS)
-		if err == nil {
-			_, err = provider.DownTo(context.WithoutCancel(t.Context()), 25)
-		}
-		finished.Store(true)
-		down <- err
-	}()
-	// On its way down, the migrations that build indexes concurrently wait
-	// for every older transaction of the database, other tests' too.
-	require.Eventually(t, func() bool {
-		return finished.Load() || b.count(t, `SELECT count(*) FROM pg_locks
-			WHERE NOT granted AND relation IN ('stock'::regclass, 'stock_moves'::regclass)`) > 0
-	}, time.Minute, 10*time.Millisecond, "the migration waits for the batch, or is done")
-	require.NoError(t, batch.Commit(t.Context()))
-	require.NoError(t, <-down)
-
-	levels := b.db.Strings(t, "SELECT sku || ' ' || available FROM stock WHERE sku NOT LIKE 'MANY-%' ORDER BY sku")
-	require.Equal(t, []string{"DOWN-1 6", "SKU-1 999997", "SKU-2 999994", "SKU-3 1000000"}, levels)
-	require.Equal(t, many, b.count(t, "SELECT count(*) FROM stock WHERE sku LIKE 'MANY-%' AND available = 3"))
 }
 
 // A fold does not wait for a move another session has locked (an owner's

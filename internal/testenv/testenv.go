@@ -211,15 +211,7 @@ type DB struct {
 // the test ends.
 func NewDB(tb testing.TB) *DB {
 	tb.Helper()
-	return NewDBAt(tb, 0)
-}
-
-// NewDBAt is NewDB with the migrations applied up to version only (all of
-// them when it is 0): the schema as an older inboxd left it. MigrateUp
-// applies the rest.
-func NewDBAt(tb testing.TB, version int64) *DB {
-	tb.Helper()
-	return newDB(tb, getServers(tb).databaseURL, version)
+	return newDB(tb, getServers(tb).databaseURL)
 }
 
 // NewDBAlone is NewDB in a database of its own, created for the test and
@@ -237,14 +229,14 @@ func NewDBAlone(tb testing.TB) *DB {
 	dbURL, drop, err := sandbox.CreateDatabase(context.WithoutCancel(tb.Context()), s.databaseURL, uniqueName())
 	require.NoError(tb, err)
 	tb.Cleanup(drop)
-	db := newDB(tb, dbURL, 0)
+	db := newDB(tb, dbURL)
 	db.alone = true
 	return db
 }
 
 // newDB creates a schema in the database at databaseURL and applies the
-// migrations to it up to version.
-func newDB(tb testing.TB, databaseURL string, version int64) *DB {
+// migrations to it.
+func newDB(tb testing.TB, databaseURL string) *DB {
 	tb.Helper()
 	ctx := context.WithoutCancel(tb.Context())
 	schema := uniqueName()
@@ -257,7 +249,7 @@ func newDB(tb testing.TB, databaseURL string, version int64) *DB {
 	require.NoError(tb, err)
 	// Other tests' long transactions in the database hold up a concurrent
 	// index build (it waits for every older transaction).
-	_, err = migrate.UpWithOptions(ctx, connConfig, discardLogger(), migrate.Options{LockTimeout: 5 * time.Minute, UpTo: version})
+	_, err = migrate.UpWithOptions(ctx, connConfig, discardLogger(), migrate.Options{LockTimeout: 5 * time.Minute})
 	require.NoError(tb, err)
 
 	pool, err := pgxpool.New(ctx, dbURL)
