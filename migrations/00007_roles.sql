@@ -80,19 +80,19 @@ DECLARE
     setting  text;
     login    text;
     part     integer;
+    -- Every table and view, which both roles read.
+    readable text := 'inbox, inbox_attempts, inbox_conflicts, inbox_reply_requests, '
+        'inbox_keys, inbox_key_generations, inbox_key_hot_parts, '
+        'outbox, order_confirmations, stock, stock_moves, stock_reservations, '
+        'inbox_overview, inbox_dead, inbox_dead_by_error, inbox_failures_by_build, '
+        'inbox_throughput, inbox_held_back, inbox_lock_holders, inbox_replies, '
+        'inbox_key_ledger, outbox_backlog, outbox_dead, stock_levels, stock_overview';
 BEGIN
     PERFORM pg_advisory_xact_lock(hashtext('inbox_grant_roles'));
 
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'inbox_operator') THEN
         EXECUTE format('GRANT USAGE ON SCHEMA %I TO inbox_operator', current_schema());
-        GRANT SELECT ON inbox, inbox_attempts, inbox_conflicts, inbox_reply_requests,
-                        inbox_keys, inbox_key_generations, inbox_key_hot_parts,
-                        outbox, order_confirmations, stock, stock_moves, stock_reservations,
-                        inbox_overview, inbox_dead, inbox_dead_by_error, inbox_failures_by_build,
-                        inbox_throughput, inbox_held_back, inbox_lock_holders, inbox_replies,
-                        inbox_key_ledger, outbox_backlog, outbox_dead, stock_levels, stock_overview,
-                        inbox_claim_floor_seq, outbox_claim_floor_seq
-            TO inbox_operator;
+        EXECUTE format('GRANT SELECT ON %s, inbox_claim_floor_seq, outbox_claim_floor_seq TO inbox_operator', readable);
         GRANT UPDATE (replay_requested, replay_reason) ON inbox, outbox TO inbox_operator;
         GRANT EXECUTE ON FUNCTION claim_floor_lower(text, bigint) TO inbox_operator;
         granted := granted || 'inbox_operator'::text;
@@ -149,14 +149,7 @@ BEGIN
 
     IF EXISTS (SELECT 1 FROM pg_roles WHERE rolname = 'inbox_service') THEN
         EXECUTE format('GRANT USAGE ON SCHEMA %I TO inbox_service', current_schema());
-        GRANT SELECT ON inbox, inbox_attempts, inbox_conflicts, inbox_reply_requests,
-                        inbox_keys, inbox_key_generations, inbox_key_hot_parts,
-                        outbox, order_confirmations, stock, stock_moves, stock_reservations,
-                        inbox_overview, inbox_dead, inbox_dead_by_error, inbox_failures_by_build,
-                        inbox_throughput, inbox_held_back, inbox_lock_holders, inbox_replies,
-                        inbox_key_ledger, outbox_backlog, outbox_dead, stock_levels, stock_overview,
-                        goose_db_version
-            TO inbox_service;
+        EXECUTE format('GRANT SELECT ON %s, goose_db_version TO inbox_service', readable);
         -- inbox: stored by ingest, claimed, handled and marked by workers,
         -- and deleted by the janitor after retention.
         GRANT INSERT, DELETE ON inbox, inbox_attempts, inbox_conflicts, inbox_reply_requests, stock_moves, outbox
