@@ -20,6 +20,7 @@ import (
 	"github.com/orderconfirm/inboxd/internal/broker"
 	"github.com/orderconfirm/inboxd/internal/loadgen"
 	"github.com/orderconfirm/inboxd/internal/migrate"
+	"github.com/orderconfirm/inboxd/internal/pgsession"
 	"github.com/orderconfirm/inboxd/internal/pipeline"
 	"github.com/orderconfirm/inboxd/internal/rabbitadmin"
 	"github.com/orderconfirm/inboxd/internal/sandbox"
@@ -122,6 +123,7 @@ func (e *benchEnv) newPool(ctx context.Context, maxConns int32) (*pgxpool.Pool, 
 	}
 	cfg.MaxConns = maxConns
 	pipeline.ConfigureSession(cfg.ConnConfig)
+	pgsession.SetAfterConnectInPool(cfg)
 	return pgxpool.NewWithConfig(ctx, cfg)
 }
 

@@ -23,6 +23,7 @@ import (
 	"github.com/orderconfirm/inboxd/internal/migrate"
 	"github.com/orderconfirm/inboxd/internal/orders"
 	"github.com/orderconfirm/inboxd/internal/outbox"
+	"github.com/orderconfirm/inboxd/internal/pgsession"
 	"github.com/orderconfirm/inboxd/internal/pipeline"
 	"github.com/orderconfirm/inboxd/internal/retry"
 	"github.com/orderconfirm/inboxd/internal/startstop"
@@ -259,6 +260,7 @@ func newPool(ctx context.Context, cfg *config, name string, maxConns int, shortI
 	// their context only after the handler's 5-second deadline.
 	pc.ConnConfig.BuildContextWatcherHandler = pipeline.CancelQueryOnContextEnd
 	pipeline.KeepPlans(pc)
+	pgsession.SetAfterConnectInPool(pc)
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		return nil, fmt.Errorf("create %s pool: %w", name, err)

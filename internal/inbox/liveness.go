@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 
 	"github.com/orderconfirm/inboxd/internal/dbsqlc"
+	"github.com/orderconfirm/inboxd/internal/pgsession"
 	"github.com/orderconfirm/inboxd/internal/retry"
 )
 
@@ -64,7 +65,7 @@ func (l *liveness) hold(ctx context.Context, config *pgx.ConnConfig, logger *slo
 		ResetAfter: retry.SessionResetAfter,
 		Logger:     logger, Message: "liveness session ended, reconnecting; until then, new claims wait for the lease, and those taken under the lost session are taken over by others",
 	}, func(ctx context.Context) error {
-		conn, err := pgx.ConnectConfig(ctx, config)
+		conn, err := pgsession.Connect(ctx, config)
 		if err != nil {
 			return err
 		}

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/orderconfirm/inboxd/internal/dbsqlc"
+	"github.com/orderconfirm/inboxd/internal/pgsession"
 	"github.com/orderconfirm/inboxd/internal/retry"
 )
 
@@ -52,7 +53,7 @@ func (g *GaugeLock) Run(ctx context.Context) {
 }
 
 func (g *GaugeLock) session(ctx context.Context) error {
-	conn, err := pgx.ConnectConfig(ctx, g.connConfig)
+	conn, err := pgsession.Connect(ctx, g.connConfig)
 	if err != nil {
 		return err
 	}

@@ -19,6 +19,7 @@ import (
 	"github.com/pressly/goose/v3"
 	"github.com/pressly/goose/v3/lock"
 
+	"github.com/orderconfirm/inboxd/internal/pgsession"
 	"github.com/orderconfirm/inboxd/migrations"
 )
 
@@ -62,6 +63,7 @@ func UpWithOptions(ctx context.Context, connConfig *pgx.ConnConfig, logger *slog
 	cc := connConfig.Copy()
 	cc.RuntimeParams["statement_timeout"] = "0"
 	cc.RuntimeParams["lock_timeout"] = strconv.FormatInt(opts.LockTimeout.Milliseconds(), 10)
+	pgsession.SetAfterConnect(cc)
 	db := stdlib.OpenDB(*cc)
 	defer db.Close()
 
@@ -135,7 +137,7 @@ func Check(ctx context.Context, connConfig *pgx.ConnConfig) error {
 	if err != nil {
 		return err
 	}
-	conn, err := pgx.ConnectConfig(ctx, connConfig)
+	conn, err := pgsession.Connect(ctx, connConfig)
 	if err != nil {
 		return fmt.Errorf("connect to check the schema version: %w", err)
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/orderconfirm/inboxd/internal/dbsqlc"
+	"github.com/orderconfirm/inboxd/internal/pgsession"
 	"github.com/orderconfirm/inboxd/internal/retry"
 )
 
@@ -66,7 +67,7 @@ func (l *Notifier) Run(ctx context.Context) {
 }
 
 func (l *Notifier) listen(ctx context.Context) error {
-	conn, err := pgx.ConnectConfig(ctx, l.connConfig)
+	conn, err := pgsession.Connect(ctx, l.connConfig)
 	if err != nil {
 		return err
 	}
