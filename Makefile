@@ -52,7 +52,7 @@ lint: $(STATICCHECK) ## gofmt, go vet and staticcheck
 	$(STATICCHECK) ./...
 
 .PHONY: test
-test: $(SQLC) ## Run every test against real PostgreSQL and RabbitMQ (see README)
+test: $(SQLC) ## Run every test against real PostgreSQL and RabbitMQ (see README.md, "Test it")
 	SQLC=$(SQLC) $(GO) test -count=1 -timeout 20m ./...
 ifneq ($(TEST_DATABASE_URL),)
 	$(MAKE) --no-print-directory test-disruptive
@@ -68,7 +68,7 @@ chaos: ## Two inboxd processes, 20,000 orders, kills and disconnections at rando
 		| grep -v '^=== \|^        {'
 
 .PHONY: test-race
-test-race: $(SQLC) ## Run every test with the race detector, inboxd built with it too (-short: see README)
+test-race: $(SQLC) ## Run every test with the race detector, inboxd built with it too (-short: see docs/testing.md)
 	SQLC=$(SQLC) $(GO) test -race -short -count=1 -timeout 20m ./...
 
 .PHONY: fuzz

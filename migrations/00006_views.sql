@@ -127,7 +127,7 @@ ORDER BY 1 DESC;
 -- earlier one that is dead or waiting for a retry, with that blocking
 -- message, how many messages it holds back and since when. Look here when
 -- pending grows while workers are idle. Release an order by replaying the
--- blocking message or by skipping it (see the README).
+-- blocking message or by skipping it (see docs/operations.md).
 CREATE VIEW inbox_held_back AS
 SELECT h.order_key,
        h.id           AS blocking_id,

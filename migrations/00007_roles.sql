@@ -60,7 +60,7 @@ REVOKE ALL ON FUNCTION outbox_claim_floor_raise(bigint, text[]) FROM PUBLIC;
 
 -- inbox_grant_roles gives inbox_operator and inbox_service, those of them
 -- that exist, their rights on this schema, and returns whom it granted to.
--- Every right either role has is here, once; README "Least privilege"
+-- Every right either role has is here, once; docs/security.md
 -- lists them, and a test holds the catalogs to that list. A change of
 -- rights is a new migration that replaces this function (CREATE OR
 -- REPLACE) and calls it.

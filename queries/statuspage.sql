@@ -83,7 +83,7 @@ ORDER BY oldest_held_received_at
 LIMIT sqlc.arg(max_rows);
 
 -- name: StatusPageReplays :many
--- StatusPageReplays returns the latest replays, as the README's "who
+-- StatusPageReplays returns the latest replays, as docs/operations.md's "who
 -- replayed what" statement does.
 SELECT message_id, replay_count, replayed_at, replayed_by, replay_reason, status, result
 FROM inbox

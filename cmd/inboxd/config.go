@@ -100,7 +100,7 @@ type setting struct {
 	apply    func(v string) error
 }
 
-// settings lists every environment variable inboxd reads. The README's
+// settings lists every environment variable inboxd reads. docs/configuration.md's
 // configuration table is checked against it by a test.
 func (c *config) settings() []setting {
 	return []setting{
@@ -164,7 +164,7 @@ func durationString(d time.Duration) string {
 
 // otelSettings lists the OpenTelemetry variables inboxd documents. They
 // are not part of config: tracing.Setup and the OpenTelemetry SDK read them,
-// with the standard meaning. The README's tracing table is checked against
+// with the standard meaning. docs/configuration.md's tracing table is checked against
 // this list by a test.
 func otelSettings() []setting {
 	return []setting{

@@ -124,7 +124,7 @@ func TestHeldBackOrderIsReleasedWithSQL(t *testing.T) {
 	require.Equal(t, "processed", b.status(t, "free-cancelled"), "other orders are not held back")
 	require.Equal(t, 1, b.count(t, "SELECT count(*) FROM inbox_held_back WHERE order_key = 'o-held' AND blocking_message_id = 'held-created' AND held_messages = 1"))
 
-	// The operator skips the dead message (the README's statement).
+	// The operator skips the dead message (the docs' statement).
 	_, err := b.db.Pool.Exec(t.Context(), `
 		UPDATE inbox SET status = 'processed', result = 'skipped by operator', processed_at = now()
 		WHERE message_id = 'held-created' AND status = 'dead'`)

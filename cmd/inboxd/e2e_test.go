@@ -441,10 +441,10 @@ func TestMain_Help(t *testing.T) {
 	require.ErrorIs(t, run(t.Context(), []string{"frobnicate"}, func(string) string { return "" }, &out, &out), errUsage)
 }
 
-// The README's configuration table lists every setting with its default.
+// docs/configuration.md's configuration table lists every setting with its default.
 func TestReadmeDocumentsEverySetting(t *testing.T) {
 	t.Parallel()
-	readme, err := os.ReadFile("../../README.md")
+	readme, err := os.ReadFile("../../docs/configuration.md")
 	require.NoError(t, err)
 	for _, s := range (&config{}).settings() {
 		def := "required"
@@ -453,13 +453,13 @@ func TestReadmeDocumentsEverySetting(t *testing.T) {
 		} else if s.optional {
 			def = "(none)"
 		}
-		require.Contains(t, string(readme), "| `"+s.name+"` | "+def+" |", "README configuration table row for %s", s.name)
+		require.Contains(t, string(readme), "| `"+s.name+"` | "+def+" |", "docs/configuration.md configuration table row for %s", s.name)
 	}
 	for _, s := range otelSettings() {
 		def := s.def
 		if def != "(none)" {
 			def = "`" + def + "`"
 		}
-		require.Contains(t, string(readme), "| `"+s.name+"` | "+def+" |", "README tracing table row for %s", s.name)
+		require.Contains(t, string(readme), "| `"+s.name+"` | "+def+" |", "docs/configuration.md tracing table row for %s", s.name)
 	}
 }

@@ -28,7 +28,7 @@ func TestFailoverToASynchronousStandbyLosesNothingAcked(t *testing.T) {
 
 // The same with asynchronous replication: what the standby had not
 // received when the primary died is lost, acked messages included. The
-// test measures it (the README gives the figure next to the setting that
+// test measures it (the docs give the figure next to the setting that
 // avoids it); it asserts only that nothing is handled twice.
 func TestFailoverToAnAsynchronousStandbyMeasuresTheLoss(t *testing.T) {
 	b, w := failOver(t, false)

@@ -22,7 +22,7 @@ import (
 // the lock is held; the locked SKU's orders wait, visibly and without losing
 // attempts, and are confirmed once it is released; nothing is dead or
 // abandoned. LOCK_TEST_SECONDS sets how long the lock is held (10 by
-// default; the README's figure is of a 40-second run).
+// default; the docs' figure is of a 40-second run).
 func TestALockedStockRowStallsOnlyItsOrders(t *testing.T) {
 	t.Parallel()
 	hold := lockHold(t, 10*time.Second)
@@ -242,7 +242,7 @@ func TestADeadReplicasClaimsAreTakenOverBeforeTheLease(t *testing.T) {
 // last of them is handled while messages of the backlog still wait, not
 // after the backlog. How long that takes is a pace, reported in the log
 // and in BENCHMARKS.md, not asserted. TAKEOVER_TEST_BACKLOG sets the
-// backlog (20,000 by default; the README's figure is of 50,000).
+// backlog (20,000 by default; the docs' figure is of 50,000).
 func TestAKilledReplicasClaimsAreTakenOverDuringABacklog(t *testing.T) {
 	if raceEnabled {
 		// The pace of a race-built replica says nothing of the takeover's;

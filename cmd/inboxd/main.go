@@ -156,7 +156,7 @@ Commands:
             with every replica stopped, route the orders exchange to the
             inbox queues of INBOX_PARTITIONS, store what waits in the queues
             of the former layout and delete them; then start the replicas
-            with the new INBOX_PARTITIONS (README: "Changing INBOX_PARTITIONS")
+            with the new INBOX_PARTITIONS (docs/ordering.md: "Changing INBOX_PARTITIONS")
   healthcheck
             GET /readyz on HTTP_ADDR (0.0.0.0 is asked on 127.0.0.1) and exit
             0 only on 200: a container's healthcheck

@@ -167,6 +167,6 @@ func TestServeRefusesAnInboxQueueWithoutSingleActiveConsumer(t *testing.T) {
 	lines := strings.Split(strings.TrimRight(string(out), "\n"), "\n")
 	last := lines[len(lines)-1]
 	require.True(t, strings.HasPrefix(last, "inboxd: queue order-confirmation.inbox was declared without x-single-active-consumer"), last)
-	require.Contains(t, last, `README's "Upgrading the inbox queue"`)
+	require.Contains(t, last, `"Upgrading the inbox queue" in docs/ordering.md`)
 	require.Equal(t, 1, rabbit.ReadyMessages(t, broker.QueueInbox), "the queue keeps its message")
 }

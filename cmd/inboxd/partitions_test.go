@@ -86,13 +86,13 @@ func TestPartitionedReplicasShareThePartitionsAndKeepOrder(t *testing.T) {
 }
 
 // Acceptance: INBOX_PARTITIONS changed while messages wait in the queue of
-// the former layout: serve refuses to start, naming the README's
+// the former layout: serve refuses to start, naming the docs'
 // procedure; the procedure, followed while the producer goes on publishing
 // the cancellations of the waiting orders, loses nothing and keeps each
 // order's sequence (no cancellation handled before its order).
 func TestChangingPartitionsLosesNothingAndKeepsOrder(t *testing.T) {
 	t.Parallel()
-	readme, err := os.ReadFile("../../README.md")
+	readme, err := os.ReadFile("../../docs/ordering.md")
 	require.NoError(t, err)
 	require.Contains(t, string(readme), "\n### Changing INBOX_PARTITIONS\n")
 
@@ -118,7 +118,7 @@ func TestChangingPartitionsLosesNothingAndKeepsOrder(t *testing.T) {
 	}
 	require.Error(t, p.err)
 	require.True(t, p.logContains(`of INBOX_PARTITIONS=1, holds`), "the refusal names the queue")
-	require.True(t, p.logContains(`follow the README's "Changing INBOX_PARTITIONS"`), "the refusal names the procedure")
+	require.True(t, p.logContains(`follow "Changing INBOX_PARTITIONS" in docs/ordering.md`), "the refusal names the procedure")
 	require.Equal(t, len(before), b.broker.ReadyMessages(t, broker.QueueInbox), "the messages stay")
 
 	// repartition refuses while a replica still consumes an inbox queue.

@@ -13,7 +13,7 @@ import (
 	"github.com/orderconfirm/inboxd/internal/migrate"
 )
 
-// repartition moves ingest to the layout of INBOX_PARTITIONS (the README's
+// repartition moves ingest to the layout of INBOX_PARTITIONS (docs/ordering.md,
 // "Changing INBOX_PARTITIONS"), with every replica stopped: it declares the
 // new layout and routes the orders exchange to it alone, then stores what
 // waits in the other layouts' queues, each in its order, and deletes them.
@@ -86,7 +86,7 @@ func noConsumers(conn *amqp.Connection, partitions int) error {
 		}
 		for _, q := range queues {
 			if q.Consumers > 0 {
-				return fmt.Errorf("queue %s has %d consumers: stop every replica before inboxd repartition (README: \"Changing INBOX_PARTITIONS\")", q.Name, q.Consumers)
+				return fmt.Errorf("queue %s has %d consumers: stop every replica before inboxd repartition (docs/ordering.md: \"Changing INBOX_PARTITIONS\")", q.Name, q.Consumers)
 			}
 		}
 	}

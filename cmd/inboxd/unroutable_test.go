@@ -41,7 +41,7 @@ func TestUnroutableEventsWaitAndAreRedelivered(t *testing.T) {
 	require.Eventually(t, func() bool { return scrape(t, addr)["inboxd_events_unroutable"] == 400 },
 		10*time.Second, 50*time.Millisecond, "the metric counts them")
 
-	// A downstream service binds its queue late, then the README's step.
+	// A downstream service binds its queue late, then the docs' step.
 	conn, err := amqp.Dial(b.broker.URL)
 	require.NoError(t, err)
 	defer conn.Close()

@@ -71,7 +71,7 @@ type LayoutConflictError struct {
 
 func (e *LayoutConflictError) Error() string {
 	return fmt.Sprintf("INBOX_PARTITIONS is %d, but queue %s, of INBOX_PARTITIONS=%d, holds %d messages and has %d consumers; "+
-		"storing both layouts at once could reorder an order's messages: follow the README's \"Changing INBOX_PARTITIONS\"",
+		"storing both layouts at once could reorder an order's messages: follow \"Changing INBOX_PARTITIONS\" in docs/ordering.md",
 		e.Partitions, e.Queue, e.Other, e.Messages, e.Consumers)
 }
 

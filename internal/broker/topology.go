@@ -59,18 +59,18 @@ var inboxRoutingKeys = []string{"order.created", "order.cancelled"}
 
 // ErrInboxQueueOutdated is returned by DeclareTopology when QueueInbox exists
 // without the single-active-consumer argument, as builds before it declared
-// it. A queue's arguments cannot change in place; the README's "Upgrading
+// it. A queue's arguments cannot change in place; docs/ordering.md's "Upgrading
 // the inbox queue" moves it without losing a message.
 var ErrInboxQueueOutdated = errors.New("queue " + QueueInbox + " was declared without x-single-active-consumer by an older inboxd, " +
 	"so several consumers could interleave an order's messages; RabbitMQ cannot add the argument in place: " +
-	"follow the README's \"Upgrading the inbox queue\" to re-declare it without losing a message")
+	"follow \"Upgrading the inbox queue\" in docs/ordering.md to re-declare it without losing a message")
 
 // ErrEventsExchangeOutdated is returned by DeclareTopology when
 // ExchangeEvents exists without its alternate exchange, as builds before it
 // declared it.
 var ErrEventsExchangeOutdated = errors.New("exchange " + ExchangeEvents + " was declared without alternate-exchange by an older inboxd, " +
 	"so events no queue is bound for would be dropped; RabbitMQ cannot add the argument in place: " +
-	"follow the README's \"Upgrading the events exchange\"")
+	"follow \"Upgrading the events exchange\" in docs/operations.md")
 
 // DeclareShared declares the contract's exchanges and queues other than the
 // inbox queues: the orders, dead-letter, events and unroutable exchanges and

@@ -510,7 +510,7 @@ type StatusPageReplaysRow struct {
 	Result       pgtype.Text
 }
 
-// StatusPageReplays returns the latest replays, as the README's "who
+// StatusPageReplays returns the latest replays, as docs/operations.md's "who
 // replayed what" statement does.
 func (q *Queries) StatusPageReplays(ctx context.Context, db DBTX, maxRows int32) ([]StatusPageReplaysRow, error) {
 	rows, err := db.Query(ctx, statusPageReplays, maxRows)

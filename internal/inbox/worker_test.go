@@ -775,7 +775,7 @@ func TestWorkerKeepsEachOrderInArrivalOrder(t *testing.T) {
 		require.Equal(t, inbox.StatusProcessed, readRow(t, b.db.Pool, "b1").Status)
 		require.Equal(t, map[string]string{"A": "a1"}, heldBack(t, b.db.Pool))
 
-		// The operator skips the dead message (the README's statement).
+		// The operator skips the dead message (docs/operations.md's statement).
 		_, err := b.db.Pool.Exec(t.Context(), `
 			UPDATE inbox SET status = 'processed', result = 'skipped by operator', processed_at = now()
 			WHERE message_id = 'a1' AND status = 'dead'`)

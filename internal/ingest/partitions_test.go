@@ -80,7 +80,7 @@ func TestAnotherLayoutIsRefusedWhileItHoldsMessages(t *testing.T) {
 	require.ErrorAs(t, err, &conflict)
 	require.Equal(t, 3, conflict.Messages)
 	require.Contains(t, err.Error(), `queue order-confirmation.inbox, of INBOX_PARTITIONS=1, holds 3 messages`)
-	require.Contains(t, err.Error(), `follow the README's "Changing INBOX_PARTITIONS"`)
+	require.Contains(t, err.Error(), `follow "Changing INBOX_PARTITIONS" in docs/ordering.md`)
 	require.Equal(t, 3, mq.ReadyMessages(t, broker.QueueInbox), "the messages stay")
 
 	// Consumed, even when empty: another replica runs on that layout.

@@ -12,14 +12,14 @@ import (
 	"github.com/orderconfirm/inboxd/internal/testenv"
 )
 
-// rightsRoles are the roles the README's rights table has a column for.
+// rightsRoles are the roles docs/security.md's rights table has a column for.
 var rightsRoles = []string{"inbox_service", "inbox_operator", "PUBLIC"}
 
-// otherFunctions names the README's row for every function it does not
+// otherFunctions names docs/security.md's row for every function it does not
 // list by name.
 const otherFunctions = "every other function"
 
-// rightsRow is a row of the README's rights table: its objects, whether
+// rightsRow is a row of docs/security.md's rights table: its objects, whether
 // they run as the owner, and each role's rights as written.
 type rightsRow struct {
 	objects []string
@@ -27,15 +27,15 @@ type rightsRow struct {
 	rights  map[string]string
 }
 
-// readmeRights reads the rights table between the README's markers.
+// readmeRights reads the rights table between docs/security.md's markers.
 func readmeRights(t *testing.T) []rightsRow {
 	t.Helper()
-	readme, err := os.ReadFile("../../README.md")
+	readme, err := os.ReadFile("../../docs/security.md")
 	require.NoError(t, err)
 	_, rest, ok := strings.Cut(string(readme), "<!-- rights: begin -->\n")
-	require.True(t, ok, "the README has the rights table's begin marker")
+	require.True(t, ok, "docs/security.md has the rights table's begin marker")
 	table, _, ok := strings.Cut(rest, "<!-- rights: end -->")
-	require.True(t, ok, "the README has the rights table's end marker")
+	require.True(t, ok, "docs/security.md has the rights table's end marker")
 	names := regexp.MustCompile("`([^`]+)`")
 	var rows []rightsRow
 	for _, line := range strings.Split(strings.TrimSpace(table), "\n")[2:] {
@@ -58,11 +58,11 @@ func readmeRights(t *testing.T) []rightsRow {
 	return rows
 }
 
-// catalogRights returns each object's rights by role, as the README writes
+// catalogRights returns each object's rights by role, as docs/security.md writes
 // them: the object's privileges sorted, then those it has on some columns
 // only, each with its columns in table order; and whether each function
 // runs as the owner. Rights of any other role than the owner and the
-// README's roles fail the test.
+// docs/security.md's roles fail the test.
 func catalogRights(t *testing.T, db *testenv.DB) (map[string]map[string]string, map[string]bool) {
 	t.Helper()
 	rows := db.Strings(t, `
@@ -87,7 +87,7 @@ func catalogRights(t *testing.T, db *testenv.DB) (map[string]map[string]string, 
 	for _, r := range rows {
 		f := strings.Split(r, "\t")
 		object, role, rights := f[0], f[1], f[2]
-		require.Contains(t, rightsRoles, role, "%s has rights on %s (%s): only the owner and the README's roles may", role, object, rights)
+		require.Contains(t, rightsRoles, role, "%s has rights on %s (%s): only the owner and docs/security.md's roles may", role, object, rights)
 		if got[object] == nil {
 			got[object] = map[string]string{}
 		}
@@ -100,7 +100,7 @@ func catalogRights(t *testing.T, db *testenv.DB) (map[string]map[string]string, 
 	return got, definers
 }
 
-// Every role has exactly the rights the README's table lists on each
+// Every role has exactly the rights docs/security.md's table lists on each
 // object of a freshly migrated schema, nothing on the schema but USAGE,
 // and no role attribute.
 func TestEveryRoleHasOnlyTheRightsTheReadmeLists(t *testing.T) {
@@ -128,7 +128,7 @@ func TestEveryRoleHasOnlyTheRightsTheReadmeLists(t *testing.T) {
 		if listed[object] {
 			continue
 		}
-		require.True(t, slices.Contains(functions, object), "%s has rights the README does not list: %v", object, rights)
+		require.True(t, slices.Contains(functions, object), "%s has rights docs/security.md does not list: %v", object, rights)
 		require.Equal(t, others.rights, rights, "the rights on %s, one of %s", object, otherFunctions)
 		require.False(t, definers[object], "%s runs as the owner and is not listed", object)
 	}

@@ -290,7 +290,7 @@ func (r *reader) message(ctx context.Context, messageID string) (*Message, error
 // offers; the operator replaces it with why the replay is safe now.
 const replayReasonPlaceholder = "<why it is safe now>"
 
-// replayByErrorSQL is the README's statement that replays every message
+// replayByErrorSQL is docs/operations.md's statement that replays every message
 // that died of one error (exactly that error, as inbox_dead_by_error
 // groups them).
 func replayByErrorSQL(lastError *string) string {
@@ -302,7 +302,7 @@ func replayByErrorSQL(lastError *string) string {
 		"WHERE status = 'dead' AND " + cond + ";"
 }
 
-// replayByBuildSQL is the README's statement that replays every dead
+// replayByBuildSQL is docs/operations.md's statement that replays every dead
 // message a build failed (or crashed on).
 func replayByBuildSQL(build string) string {
 	return "UPDATE inbox SET replay_requested = true, replay_reason = " + quote(replayReasonPlaceholder) + "\n" +
