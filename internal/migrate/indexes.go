@@ -32,7 +32,7 @@ func (e *InvalidIndexError) Error() string {
 		what = "indexes " + strings.Join(e.Indexes, ", ") + " of schema " + e.Schema + " are"
 	}
 	return what + " INVALID (a concurrent index build failed): run " + strings.Join(drops, " ") +
-		" then run inboxd migrate again, which builds what a migration needs"
+		" then run inboxd migrate again"
 }
 
 // invalidIndexQuery lists the INVALID indexes of the current schema, but
