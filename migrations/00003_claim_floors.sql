@@ -211,7 +211,7 @@ $$;
 -- calling transaction ends. It can only lower a floor. It runs as the owner
 -- (SECURITY DEFINER) so that an operator's replay may set the floor's
 -- sequence, which the operator may not; so it trusts nothing of the
--- caller's session: catalog objects named in full, and (in the roles area)
+-- caller's session: catalog objects named in full, and (below)
 -- search_path pinned to this schema then pg_temp, and no PUBLIC execute.
 -- +goose StatementBegin
 CREATE FUNCTION claim_floor_lower(tbl text, id bigint) RETURNS void
@@ -234,6 +234,17 @@ BEGIN
 END;
 $$;
 -- +goose StatementEnd
+-- Pinned here, in the migration that creates it: this schema, then pg_temp,
+-- never a caller's temporary objects first; and no PUBLIC execute right
+-- (inbox_grant_roles grants it by name).
+-- +goose StatementBegin
+DO $$
+BEGIN
+    EXECUTE format('ALTER FUNCTION claim_floor_lower(text, bigint) SET search_path = %I, pg_temp', current_schema());
+END;
+$$;
+-- +goose StatementEnd
+REVOKE ALL ON FUNCTION claim_floor_lower(text, bigint) FROM PUBLIC;
 
 -- claim_floor_replay, a row trigger, lowers the floor to a row made open
 -- again. It finds claim_floor_lower in this schema, then pg_temp, whatever

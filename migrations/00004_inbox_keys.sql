@@ -433,7 +433,7 @@ $$;
 -- through its TRUNCATEs and scale with its size. Autovacuum is off on the
 -- parts, so it runs ANALYZE itself; ANALYZE needs the owner's right, so it
 -- runs as the owner (SECURITY DEFINER), names catalog objects in full, and
--- roles.sql pins its search_path to this schema then pg_temp and keeps it
+-- its search_path is pinned below to this schema then pg_temp, and it is kept
 -- from PUBLIC.
 -- +goose StatementBegin
 CREATE FUNCTION inbox_keys_analyze_parts() RETURNS integer
@@ -461,3 +461,14 @@ BEGIN
 END;
 $$;
 -- +goose StatementEnd
+-- Pinned here, in the migration that creates it: this schema, then pg_temp,
+-- never a caller's temporary objects first; and no PUBLIC execute right
+-- (inbox_grant_roles grants it by name).
+-- +goose StatementBegin
+DO $$
+BEGIN
+    EXECUTE format('ALTER FUNCTION inbox_keys_analyze_parts() SET search_path = %I, pg_temp', current_schema());
+END;
+$$;
+-- +goose StatementEnd
+REVOKE ALL ON FUNCTION inbox_keys_analyze_parts() FROM PUBLIC;

@@ -40,20 +40,8 @@ END;
 $$;
 -- +goose StatementEnd
 
--- The two functions that run as their owner (SECURITY DEFINER) find this
--- schema's objects, then pg_temp's, and never a caller's first: a caller's
--- temporary view named like a table would otherwise run as the owner. No
--- PUBLIC execute right on them; inbox_grant_roles() grants it by name.
--- +goose StatementBegin
-DO $$
-BEGIN
-    EXECUTE format('ALTER FUNCTION inbox_keys_analyze_parts() SET search_path = %I, pg_temp', current_schema());
-    EXECUTE format('ALTER FUNCTION claim_floor_lower(text, bigint) SET search_path = %I, pg_temp', current_schema());
-END;
-$$;
--- +goose StatementEnd
-REVOKE ALL ON FUNCTION inbox_keys_analyze_parts() FROM PUBLIC;
-REVOKE ALL ON FUNCTION claim_floor_lower(text, bigint) FROM PUBLIC;
+-- The functions only the keeper may call; the two that run as their owner
+-- are pinned and closed where they are created.
 REVOKE ALL ON FUNCTION claim_floor_raise(regclass, regclass, text, bigint, text[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION inbox_claim_floor_raise(bigint, text[]) FROM PUBLIC;
 REVOKE ALL ON FUNCTION outbox_claim_floor_raise(bigint, text[]) FROM PUBLIC;

@@ -3,6 +3,7 @@ package migrate_test
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"net/url"
 	"strings"
@@ -11,9 +12,12 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/pressly/goose/v3"
 	"github.com/stretchr/testify/require"
 
 	"github.com/orderconfirm/inboxd/internal/testenv"
+	"github.com/orderconfirm/inboxd/migrations"
 )
 
 // definerFunctions lists the schema's SECURITY DEFINER functions.
@@ -142,4 +146,49 @@ func TestNoLoginGainsARightThroughADefinerFunction(t *testing.T) {
 			require.Equal(t, before, rights(), "the login gained no right")
 		})
 	}
+}
+
+// Each migration runs in a transaction of its own, and a run can stop
+// between two (a lock timeout, a failover): a definer function must be
+// closed in the migration that creates it, not in a later one. After every
+// migration, one at a time, every definer function of the schema pins its
+// search_path with pg_temp last and PUBLIC may not execute it.
+func TestDefinerFunctionsAreClosedAfterEveryMigration(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t) // for its database: the steps go in a schema of their own
+	ctx := context.WithoutCancel(t.Context())
+	schema := db.Schema + "_steps"
+	db.Exec(t, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize())
+	t.Cleanup(func() { db.Exec(t, "DROP SCHEMA "+pgx.Identifier{schema}.Sanitize()+" CASCADE") })
+
+	cc, err := pgx.ParseConfig(db.URL)
+	require.NoError(t, err)
+	cc.RuntimeParams["search_path"] = schema
+	sqlDB := stdlib.OpenDB(*cc)
+	defer func() { _ = sqlDB.Close() }()
+	provider, err := goose.NewProvider(goose.DialectPostgres, sqlDB, migrations.FS)
+	require.NoError(t, err)
+
+	steps := 0
+	for {
+		res, err := provider.UpByOne(ctx)
+		if errors.Is(err, goose.ErrNoNextVersion) {
+			break
+		}
+		require.NoError(t, err)
+		steps++
+		open := db.Strings(t, `
+			SELECT p.oid::regprocedure::text || ': ' || coalesce(array_to_string(p.proconfig, ' | '), '')
+			       || CASE WHEN EXISTS (SELECT 1 FROM aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a
+			                            WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE')
+			               THEN ' | PUBLIC may execute' ELSE '' END
+			FROM pg_proc p
+			WHERE p.pronamespace = $1::regnamespace AND p.prosecdef
+			  AND (p.proconfig IS DISTINCT FROM ARRAY['search_path=' || $1 || ', pg_temp']
+			       OR EXISTS (SELECT 1 FROM aclexplode(coalesce(p.proacl, acldefault('f', p.proowner))) a
+			                  WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE'))
+			ORDER BY 1`, schema)
+		require.Empty(t, open, "after %s, definer functions left open", res.Source.Path)
+	}
+	require.Positive(t, steps)
 }
