@@ -51,8 +51,9 @@ import (
 //     minutes behind (BENCHMARKS.md, "The dedupe window").
 //
 // It also pins durability: synchronous_commit is "on" in every session,
-// whatever the server, the database or the role says (a setting sent at
-// connection start overrides ALTER ROLE and ALTER DATABASE). Ingest acks a
+// whatever the server, the database or the role says (a session's own
+// setting, which pgsession makes once the session is up, overrides ALTER
+// ROLE and ALTER DATABASE). Ingest acks a
 // delivery once its insert has committed; with synchronous_commit = off, a
 // common tuning, that commit may not be on disk yet and a crash loses an
 // acked message. A stronger value given in the connection string
