@@ -265,10 +265,16 @@ BEGIN
     PERFORM stock_read_committed('stock is folded');
     IF skus IS NULL THEN
         SELECT array_agg(l.sku) INTO locked FROM (
+            -- One index probe a SKU for a move past its fold: as a
+            -- semi-join the planner merged stock with the whole of
+            -- stock_moves' index, and read every folded move a held
+            -- snapshot keeps, at every fold.
             SELECT s.sku FROM stock s
-            WHERE EXISTS (SELECT 1 FROM stock_moves m WHERE m.sku = s.sku AND m.id > s.folded_through)
+            CROSS JOIN LATERAL (SELECT 1 FROM stock_moves m
+                                WHERE m.sku = s.sku AND m.id > s.folded_through
+                                LIMIT 1) m
             ORDER BY s.sku LIMIT max_skus
-            FOR UPDATE SKIP LOCKED
+            FOR UPDATE OF s SKIP LOCKED
         ) AS l;
     ELSE
         SELECT array_agg(l.sku) INTO locked FROM (

@@ -20,6 +20,7 @@ import (
 	"github.com/orderconfirm/inboxd/internal/ingest"
 	"github.com/orderconfirm/inboxd/internal/janitor"
 	"github.com/orderconfirm/inboxd/internal/migrate"
+	"github.com/orderconfirm/inboxd/internal/orders"
 	"github.com/orderconfirm/inboxd/internal/outbox"
 	"github.com/orderconfirm/inboxd/internal/pipeline"
 	"github.com/orderconfirm/inboxd/internal/retry"
@@ -76,11 +77,12 @@ type config struct {
 	workerIdleInTx   time.Duration
 	dbConnectTimeout time.Duration
 
-	retention       time.Duration
-	deadRetention   time.Duration
-	dedupeWindow    time.Duration
-	janitorInterval time.Duration
-	janitorBatch    int
+	retention         time.Duration
+	deadRetention     time.Duration
+	dedupeWindow      time.Duration
+	janitorInterval   time.Duration
+	stockFoldInterval time.Duration
+	janitorBatch      int
 
 	shutdownTimeout time.Duration
 }
@@ -146,6 +148,7 @@ func (c *config) settings() []setting {
 		{name: "INBOX_DEDUPE_WINDOW", def: durationString(janitor.DedupeWindowDefault), doc: "how long a message id is remembered after its message was stored (at least this, at most a seventh longer): the longest time after which a message may be delivered again", apply: durationVar(&c.dedupeWindow, time.Second)},
 		{name: "INBOX_JANITOR_INTERVAL", def: durationString(janitor.IntervalDefault), doc: "time between two cleanups of rows past their retention; 0 turns the janitor off in this process", apply: durationVar(&c.janitorInterval, 0)},
 		{name: "INBOX_JANITOR_BATCH_SIZE", def: strconv.Itoa(janitor.BatchSizeDefault), doc: "most rows deleted per cleanup statement", apply: intVar(&c.janitorBatch, 1, 100000)},
+		{name: "INBOX_STOCK_FOLD_INTERVAL", def: durationString(orders.StockFoldIntervalDefault), doc: "time between two folds of the stock moves into stock.available (the levels in stock_levels count the moves either way); 0 turns folding off in this process", apply: durationVar(&c.stockFoldInterval, 0)},
 		{name: "INBOX_SHUTDOWN_TIMEOUT", def: "20s", doc: "grace period to finish in-flight work after SIGTERM", apply: durationVar(&c.shutdownTimeout, time.Millisecond)},
 	}
 }

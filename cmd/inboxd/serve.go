@@ -133,10 +133,12 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger, tp *tracing.Pr
 	// The pipeline's work ends a little before the grace does, so that
 	// what it then cuts short (a batch rolled back, a broker connection
 	// closed hard) is over within it too.
-	foldStock := func(ctx context.Context) {
-		orders.FoldStockEvery(ctx, ps.worker, logger.With(slog.String("component", "orders.fold")), orders.StockFoldInterval)
+	services = append(services, startstop.Func(gaugeLock.Run), workBeforeGraceEnds{p})
+	if cfg.stockFoldInterval > 0 {
+		services = append(services, startstop.Func(func(ctx context.Context) {
+			orders.FoldStockEvery(ctx, ps.worker, logger.With(slog.String("component", "orders.fold")), cfg.stockFoldInterval)
+		}))
 	}
-	services = append(services, startstop.Func(gaugeLock.Run), startstop.Func(foldStock), workBeforeGraceEnds{p})
 	if err := startstop.StartAll(ctx, services...); err != nil {
 		return err
 	}

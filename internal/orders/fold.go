@@ -9,13 +9,14 @@ import (
 	"github.com/orderconfirm/inboxd/internal/retry"
 )
 
-// StockFoldInterval is how often FoldStockEvery folds the stock moves into
-// stock.available: how far behind the moves stock.available may be (the
+// StockFoldIntervalDefault is how often FoldStockEvery folds the stock
+// moves into stock.available by default (INBOX_STOCK_FOLD_INTERVAL): how
+// far behind the moves stock.available may be (the
 // levels in stock_levels and stock_overview never are). Each fold writes
 // a version of every stock row it folds, which a snapshot held open keeps
 // (see migrations/00005_orders.sql): the longer the interval, the fewer a long
 // snapshot sees.
-const StockFoldInterval = 30 * time.Second
+const StockFoldIntervalDefault = 30 * time.Second
 
 // stockFoldBatch is the most SKUs one fold locks and folds in one
 // transaction, and stockFoldBatches the most transactions of one FoldStock.
