@@ -234,6 +234,11 @@ func loadConfig(getenv func(string) string, command string) (*config, error) {
 	rp["statement_timeout"] = strconv.FormatInt(c.statementTimeout.Milliseconds(), 10)
 	rp["idle_in_transaction_session_timeout"] = strconv.FormatInt(c.idleInTxTimeout.Milliseconds(), 10)
 	rp["lock_timeout"] = strconv.FormatInt(c.lockTimeout.Milliseconds(), 10)
+	// A statement checks every second that its client is still there, so
+	// that a killed replica's running statements end with it, and with
+	// them the row locks its transactions hold (its claims among them),
+	// instead of at their end or at a timeout.
+	rp["client_connection_check_interval"] = "1000"
 	pipeline.ConfigureSession(c.dbConfig.ConnConfig)
 	return c, nil
 }

@@ -273,3 +273,39 @@ func TestAKilledReplicasClaimsAreTakenOverDuringABacklog(t *testing.T) {
 	b.waitDrained(t, k.w.UniqueMessageIDs, 2*time.Minute)
 	b.requireExactlyOnce(t, k.w)
 }
+
+// A replica killed while one of its statements waits (for a lock an owner
+// holds, here) leaves a backend that runs on until the statement ends:
+// PostgreSQL reads the closed socket only when the statement is done, and
+// the backend keeps the rows its transaction locked, the dead replica's
+// claims among them, meanwhile. inboxd's sessions check their client every
+// second while a statement runs (client_connection_check_interval), so the
+// backend ends with the replica. Here lock_timeout is a minute and the
+// owner's lock is held until the backend is gone: without the check, the
+// backend waits out the minute.
+func TestAKilledReplicasRunningStatementsEndWithIt(t *testing.T) {
+	t.Parallel()
+	b := setupIn(t, testenv.NewDBAlone(t))
+	owner := b.db.Session(t)
+	tx, err := owner.Begin(t.Context())
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(context.WithoutCancel(t.Context())) }()
+	// Confirmations can be read, not written: a batch's handler waits.
+	_, err = tx.Exec(t.Context(), "LOCK TABLE order_confirmations IN SHARE MODE")
+	require.NoError(t, err)
+	var ownerPID int
+	require.NoError(t, tx.QueryRow(t.Context(), "SELECT pg_backend_pid()").Scan(&ownerPID))
+
+	p := startProcess(t, serviceEnv(b.db, b.broker, "INBOX_LOCK_TIMEOUT=1m"))
+	w := loadgen.Generate(loadgen.Spec{Orders: 5, Seed: 3})
+	require.NoError(t, loadgen.Publish(t.Context(), b.broker.URL, w.Messages, 5))
+	const waiting = "SELECT count(*) FROM pg_stat_activity WHERE $1::integer = ANY(pg_blocking_pids(pid))"
+	require.Eventually(t, func() bool { return b.count(t, waiting, ownerPID) > 0 }, time.Minute, 20*time.Millisecond,
+		"a batch waits for the owner's lock")
+
+	p.kill()
+	killed := time.Now()
+	require.Eventually(t, func() bool { return b.count(t, waiting, ownerPID) == 0 }, 10*time.Second, 20*time.Millisecond,
+		"the killed replica's waiting statement ends with it, not at lock_timeout (a minute)")
+	t.Logf("the killed replica's waiting backend ended %s after the kill", time.Since(killed).Round(time.Millisecond))
+}
