@@ -32,7 +32,9 @@ func withApplicationName(t *testing.T, dbURL, name string) string {
 // would; its sockets stay open) while its batch holds stock rows stalls the
 // other replica's orders of those SKUs for INBOX_WORKER_IDLE_IN_TX_TIMEOUT,
 // not for as long as it is frozen: PostgreSQL ends its idle transaction and
-// the rows are free. Every order published once that timeout has passed
+// the rows are free. The messages it had claimed are taken over once its
+// liveness session has been quiet for a few seconds, and handled by the
+// other replica before it resumes. Every order published once that timeout has passed
 // is processed by the other replica before the frozen one resumes; resumed,
 // it drops its broken batch and goes on, and nothing is lost or doubled.
 func TestAFrozenReplicaHoldsTheRowsItLockedForSecondsOnly(t *testing.T) {
@@ -95,14 +97,26 @@ func TestAFrozenReplicaHoldsTheRowsItLockedForSecondsOnly(t *testing.T) {
 		}
 		require.NoError(t, frozen.cmd.Process.Signal(syscall.SIGCONT))
 	}
-	time.Sleep(freeze)
+	// The messages it had claimed: its liveness session goes quiet, and
+	// PostgreSQL ends it after a few seconds, so the other replica takes
+	// them over.
+	claimedByFrozen := b.db.Strings(t, fmt.Sprintf("SELECT message_id FROM inbox WHERE status = 'pending' AND claimed_by LIKE '%%/%d'", frozen.cmd.Process.Pid))
+	const claimsLeftQuery = "SELECT count(*) FROM inbox WHERE message_id = ANY($1) AND status <> 'processed'"
+	for time.Since(frozenAt) < freeze && b.count(t, claimsLeftQuery, claimedByFrozen) > 0 {
+		time.Sleep(100 * time.Millisecond)
+	}
+	t.Logf("the %d messages the frozen replica had claimed were processed %s after the freeze", len(claimedByFrozen), time.Since(frozenAt).Round(100*time.Millisecond))
+	time.Sleep(freeze - time.Since(frozenAt))
 	// Before it resumes: every order that arrived once the idle timeout (and
 	// a margin for the waits' retries) had passed, and long enough ago to be
 	// handled on a busy machine (8 s), is processed already.
 	from, to := frozenAt.Add(idle+2*time.Second), time.Now().Add(-8*time.Second)
 	due := b.count(t, "SELECT count(*) FROM inbox WHERE received_at BETWEEN $1 AND $2", from, to)
 	pendingBeforeResume := b.count(t, "SELECT count(*) FROM inbox WHERE received_at BETWEEN $1 AND $2 AND status <> 'processed'", from, to)
+	claimsLeft := b.count(t, claimsLeftQuery, claimedByFrozen)
 	require.NoError(t, frozen.cmd.Process.Signal(syscall.SIGCONT))
+	require.NotEmpty(t, claimedByFrozen, "the frozen replica held claims")
+	require.Zero(t, claimsLeft, "of the %d messages the frozen replica had claimed, some waited for it to resume", len(claimedByFrozen))
 	require.Positive(t, due, "orders arrived while it was frozen")
 	require.Zero(t, pendingBeforeResume, "of %d orders that arrived from %s after the freeze on, some waited for the frozen replica", due, idle+2*time.Second)
 

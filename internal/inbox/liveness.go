@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"math/rand/v2"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -21,7 +22,9 @@ import (
 // key its claims carry (inbox.claimed_session). When the process dies,
 // PostgreSQL ends that session and drops the lock, and other workers take
 // the claims over at once, instead of waiting for the claim lease: the
-// lease only covers claims whose process's liveness is unknown.
+// lease only covers claims whose process's liveness is unknown. A process
+// that is frozen rather than dead stops pinging the session, and
+// PostgreSQL ends it after livenessIdleLimit.
 type liveness struct {
 	key  int64
 	held atomic.Bool
@@ -49,6 +52,12 @@ func (l *liveness) session() int64 {
 // costing an attempt.
 const livenessPing = time.Second
 
+// livenessIdleLimit is the liveness session's idle_session_timeout: a
+// process that stops pinging (frozen by SIGSTOP, a VM pause, a stuck node,
+// whose sockets stay open) loses the session, and its claims are taken
+// over, this long after its last ping. A dead process loses it at once.
+const livenessIdleLimit = 5 * time.Second
+
 // hold takes the lock on a connection of its own, made from config (as
 // "<application_name> liveness"), and keeps it until ctx ends, connecting
 // again whenever the connection fails.
@@ -56,6 +65,7 @@ func (l *liveness) hold(ctx context.Context, config *pgx.ConnConfig, logger *slo
 	queries := dbsqlc.New()
 	config = config.Copy()
 	config.RuntimeParams["application_name"] += " liveness"
+	config.RuntimeParams["idle_session_timeout"] = strconv.FormatInt(livenessIdleLimit.Milliseconds(), 10)
 	// A context that ends closes the connection (pgx's default) rather
 	// than sending a cancel that an idle session would ignore.
 	config.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
