@@ -31,10 +31,3 @@ SELECT
                                   WHERE f.sku = s.sku AND f.id > s.folded_through
                                   ORDER BY f.id LIMIT 1) m), 0)::float8 AS stock_unfolded_seconds
 FROM outbox_backlog b;
-
--- name: MetricsTryGaugeLock :one
--- MetricsTryGaugeLock tries to take, for the session, the advisory lock
--- whose holder is the one process exporting the database gauges of the
--- current schema. It returns whether the session took it. Each success
--- takes the lock once more: call it only while not holding the lock.
-SELECT pg_try_advisory_lock(hashtextextended('inboxd metrics gauges ' || coalesce(current_schema(), ''), 0)) AS held;

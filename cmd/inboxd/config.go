@@ -146,9 +146,9 @@ func (c *config) settings() []setting {
 		{name: "INBOX_RETENTION", def: durationString(janitor.RetentionDefault), doc: "how long processed messages (with their payloads, for replay), their attempt history, published outbox rows and conflict records are kept; their ids are remembered for INBOX_DEDUPE_WINDOW either way", apply: durationVar(&c.retention, time.Second)},
 		{name: "INBOX_DEAD_RETENTION", def: durationString(janitor.DeadRetentionDefault), doc: "how long dead messages are kept unless replayed; at least INBOX_RETENTION", apply: durationVar(&c.deadRetention, time.Second)},
 		{name: "INBOX_DEDUPE_WINDOW", def: durationString(janitor.DedupeWindowDefault), doc: "how long a message id is remembered after its message was stored (at least this, at most a seventh longer): the longest time after which a message may be delivered again", apply: durationVar(&c.dedupeWindow, time.Second)},
-		{name: "INBOX_JANITOR_INTERVAL", def: durationString(janitor.IntervalDefault), doc: "time between two cleanups of rows past their retention; 0 turns the janitor off in this process", apply: durationVar(&c.janitorInterval, 0)},
+		{name: "INBOX_JANITOR_INTERVAL", def: durationString(janitor.IntervalDefault), doc: "time between two cleanups of rows past their retention, run by the leader (see docs/operations.md); 0 turns the janitor off in this process", apply: durationVar(&c.janitorInterval, 0)},
 		{name: "INBOX_JANITOR_BATCH_SIZE", def: strconv.Itoa(janitor.BatchSizeDefault), doc: "most rows deleted per cleanup statement", apply: intVar(&c.janitorBatch, 1, 100000)},
-		{name: "INBOX_STOCK_FOLD_INTERVAL", def: durationString(orders.StockFoldIntervalDefault), doc: "time between two folds of the stock moves into stock.available (the levels in stock_levels count the moves either way); 0 turns folding off in this process", apply: durationVar(&c.stockFoldInterval, 0)},
+		{name: "INBOX_STOCK_FOLD_INTERVAL", def: durationString(orders.StockFoldIntervalDefault), doc: "time between two folds of the stock moves into stock.available (the levels in stock_levels count the moves either way), run by the leader; 0 turns folding off in this process", apply: durationVar(&c.stockFoldInterval, 0)},
 		{name: "INBOX_SHUTDOWN_TIMEOUT", def: "20s", doc: "grace period to finish in-flight work after SIGTERM", apply: durationVar(&c.shutdownTimeout, time.Millisecond)},
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/orderconfirm/inboxd/internal/broker"
 	"github.com/orderconfirm/inboxd/internal/inbox"
 	"github.com/orderconfirm/inboxd/internal/ingest"
+	"github.com/orderconfirm/inboxd/internal/leader"
 	"github.com/orderconfirm/inboxd/internal/metrics"
 	"github.com/orderconfirm/inboxd/internal/migrate"
 	"github.com/orderconfirm/inboxd/internal/orders"
@@ -108,14 +109,21 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger, tp *tracing.Pr
 	defer ps.close()
 
 	build, process := buildName(), inbox.DefaultProcessName()
-	// Only the process holding the gauge lock exports the gauges read from
-	// the database, so that they add up across replicas.
-	gaugeLock := metrics.NewGaugeLock(sessionConfig(cfg, "metrics"), logger, 0)
-	m := metrics.New(ps.gauges, logger, gaugeScrapeTimeout, build, metrics.Options{Pools: ps.measured(), GaugeLock: gaugeLock})
+	// One process of the schema, the elected leader, runs the maintenance
+	// and exports the gauges read from the database, so that they add up
+	// across replicas.
+	elector := leader.New(sessionConfig(cfg, "leader"), logger)
+	m := metrics.New(ps.gauges, logger, gaugeScrapeTimeout, build, metrics.Options{Pools: ps.measured(), Leader: elector})
 	pc := pipelineConfig(cfg, pipelineDeps{
 		logger: logger, handler: wrapHandler(orders.NewHandler(logger)),
 		build: build, process: process, metrics: m, tracer: tp.Tracer,
 	})
+	pc.Leader = elector
+	if cfg.stockFoldInterval > 0 {
+		pc.LeaderTasks = append(pc.LeaderTasks, func(ctx context.Context) {
+			orders.FoldStockEvery(ctx, ps.worker, logger.With(slog.String("component", "orders.fold")), cfg.stockFoldInterval)
+		})
+	}
 	ps.attach(pc)
 	p, err := pipeline.New(pc)
 	if err != nil {
@@ -133,12 +141,7 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger, tp *tracing.Pr
 	// The pipeline's work ends a little before the grace does, so that
 	// what it then cuts short (a batch rolled back, a broker connection
 	// closed hard) is over within it too.
-	services = append(services, startstop.Func(gaugeLock.Run), workBeforeGraceEnds{p})
-	if cfg.stockFoldInterval > 0 {
-		services = append(services, startstop.Func(func(ctx context.Context) {
-			orders.FoldStockEvery(ctx, ps.worker, logger.With(slog.String("component", "orders.fold")), cfg.stockFoldInterval)
-		}))
-	}
+	services = append(services, workBeforeGraceEnds{p})
 	if err := startstop.StartAll(ctx, services...); err != nil {
 		return err
 	}

@@ -44,7 +44,7 @@ func pipelineConfig(cfg *config, d pipelineDeps) *pipeline.Config {
 }
 
 // sessionConfig is the connection config of a session of its own outside the
-// pools (the notifier's LISTEN, the gauge lock), named for what it is for.
+// pools (the notifier's LISTEN, the leader's lock), named for what it is for.
 func sessionConfig(cfg *config, name string) *pgx.ConnConfig {
 	c := cfg.dbConfig.ConnConfig.Copy()
 	c.RuntimeParams["application_name"] += " " + name

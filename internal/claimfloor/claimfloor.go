@@ -199,3 +199,21 @@ func noted(last int64, inserters []string) Note {
 	}
 	return Note{Last: pgtype.Int8{Int64: last, Valid: true}, Inserters: inserters}
 }
+
+// DB is what a Keeper raises and audits its floor through: a pool.
+type DB interface {
+	dbsqlc.DBTX
+	Beginner
+}
+
+// InboxKeeper returns the Keeper of the inbox's floor, raising and
+// auditing it through db.
+func InboxKeeper(db DB, logger *slog.Logger) *Keeper {
+	return &Keeper{Table: "inbox", Raise: Inbox(db), Audit: InboxAudit(db, AuditBudget), Logger: logger}
+}
+
+// OutboxKeeper returns the Keeper of the outbox's floor, raising and
+// auditing it through db.
+func OutboxKeeper(db DB, logger *slog.Logger) *Keeper {
+	return &Keeper{Table: "outbox", Raise: Outbox(db), Audit: OutboxAudit(db, AuditBudget), Logger: logger}
+}

@@ -74,18 +74,3 @@ func (q *Queries) MetricsGauges(ctx context.Context, db DBTX) (MetricsGaugesRow,
 	)
 	return i, err
 }
-
-const metricsTryGaugeLock = `-- name: MetricsTryGaugeLock :one
-SELECT pg_try_advisory_lock(hashtextextended('inboxd metrics gauges ' || coalesce(current_schema(), ''), 0)) AS held
-`
-
-// MetricsTryGaugeLock tries to take, for the session, the advisory lock
-// whose holder is the one process exporting the database gauges of the
-// current schema. It returns whether the session took it. Each success
-// takes the lock once more: call it only while not holding the lock.
-func (q *Queries) MetricsTryGaugeLock(ctx context.Context, db DBTX) (bool, error) {
-	row := db.QueryRow(ctx, metricsTryGaugeLock)
-	var held bool
-	err := row.Scan(&held)
-	return held, err
-}

@@ -58,6 +58,10 @@ type WorkerConfig struct {
 	// claims of a process whose liveness session ended (it died) are taken
 	// over at once. Defaults to 5 seconds.
 	ClaimLease time.Duration
+	// FloorKeptElsewhere leaves the inbox's claim floor to a keeper run
+	// elsewhere (claimfloor.InboxKeeper, run by the elected leader: see
+	// internal/pipeline). When false, the worker raises the floor itself.
+	FloorKeptElsewhere bool
 	// Process names this process in inbox.claimed_by and the attempt
 	// history. Defaults to DefaultProcessName().
 	Process string

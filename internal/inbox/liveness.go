@@ -9,8 +9,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 
 	"github.com/orderconfirm/inboxd/internal/dbsqlc"
 	"github.com/orderconfirm/inboxd/internal/pgsession"
@@ -66,11 +64,7 @@ func (l *liveness) hold(ctx context.Context, config *pgx.ConnConfig, logger *slo
 	config = config.Copy()
 	config.RuntimeParams["application_name"] += " liveness"
 	config.RuntimeParams["idle_session_timeout"] = strconv.FormatInt(livenessIdleLimit.Milliseconds(), 10)
-	// A context that ends closes the connection (pgx's default) rather
-	// than sending a cancel that an idle session would ignore.
-	config.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
-		return &pgconn.DeadlineContextWatcherHandler{Conn: c.Conn()}
-	}
+	pgsession.CloseOnContextEnd(config)
 	retry.Reconnect(ctx, retry.ReconnectConfig{
 		ResetAfter: retry.SessionResetAfter,
 		Logger:     logger, Message: "liveness session ended, reconnecting; until then, new claims wait for the lease, and those taken under the lost session are taken over by others",
@@ -79,11 +73,7 @@ func (l *liveness) hold(ctx context.Context, config *pgx.ConnConfig, logger *slo
 		if err != nil {
 			return err
 		}
-		defer func() {
-			closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
-			defer cancel()
-			_ = conn.Close(closeCtx)
-		}()
+		defer pgsession.Close(ctx, conn)
 		if err := queries.InboxHoldLiveness(ctx, conn, l.key); err != nil {
 			return err
 		}

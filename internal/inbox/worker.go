@@ -39,7 +39,8 @@ type Worker struct {
 	takeover *takeover
 
 	live *liveness
-	// floor raises the claim floor the claims scan from.
+	// floor raises the claim floor the claims scan from; nil when it is
+	// kept elsewhere (FloorKeptElsewhere).
 	floor *claimfloor.Keeper
 	// lost holds the claims to give back before the next claim.
 	lost lostClaims
@@ -65,7 +66,9 @@ func NewWorker(pool *pgxpool.Pool, cfg *WorkerConfig) (*Worker, error) {
 		wake:    make(chan struct{}, 1),
 		live:    newLiveness(),
 	}
-	w.floor = &claimfloor.Keeper{Table: "inbox", Raise: claimfloor.Inbox(pool), Audit: claimfloor.InboxAudit(pool, claimfloor.AuditBudget), Logger: w.logger}
+	if !c.FloorKeptElsewhere {
+		w.floor = claimfloor.InboxKeeper(pool, w.logger)
+	}
 	w.takeover = &takeover{
 		batchSize: c.BatchSize,
 		interval:  c.PollInterval,
@@ -101,7 +104,9 @@ func (w *Worker) Start(ctx context.Context) error {
 		}
 		wg.Go(startstop.Guard(func() { w.takeover.loop(fetchCtx, workCtx) }))
 		wg.Go(startstop.Guard(func() { w.answerLoop(fetchCtx, w.cfg.PollInterval) }))
-		wg.Go(startstop.Guard(func() { w.floor.Run(fetchCtx) }))
+		if w.floor != nil {
+			wg.Go(startstop.Guard(func() { w.floor.Run(fetchCtx) }))
+		}
 		wg.Wait()
 	})
 }

@@ -143,33 +143,36 @@ func New(pool *pgxpool.Pool, cfg *Config) (*Janitor, error) {
 }
 
 // Start runs a cleanup at once and then every Interval, until ctx ends or
-// Stop is called. It returns at once.
+// Stop is called (Run, in the background). It returns at once.
 func (j *Janitor) Start(ctx context.Context) error {
-	return j.service.Start(ctx, func(fetchCtx, _ context.Context) {
-		timer := time.NewTimer(0)
-		defer timer.Stop()
-		failures := retry.Failures{Policy: retry.Policy{Base: time.Second, Max: j.cfg.Interval}}
-		for {
-			select {
-			case <-fetchCtx.Done():
-				return
-			case <-timer.C:
-			}
-			next := j.cfg.Interval
-			res, err := j.RunOnce(fetchCtx)
-			switch {
-			case err != nil && fetchCtx.Err() != nil:
-				return
-			case err != nil:
-				next = min(next, failures.Next())
-				j.logger.Error("cleanup failed", slog.String("error", err.Error()), slog.Duration("retry_in", next))
-			default:
-				failures.Reset()
-				j.TestSignals.CleanedUp.Signal(res)
-			}
-			timer.Reset(next)
+	return j.service.Start(ctx, func(fetchCtx, _ context.Context) { j.Run(fetchCtx) })
+}
+
+// Run runs a cleanup at once and then every Interval, until ctx ends.
+func (j *Janitor) Run(ctx context.Context) {
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	failures := retry.Failures{Policy: retry.Policy{Base: time.Second, Max: j.cfg.Interval}}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
 		}
-	})
+		next := j.cfg.Interval
+		res, err := j.RunOnce(ctx)
+		switch {
+		case err != nil && ctx.Err() != nil:
+			return
+		case err != nil:
+			next = min(next, failures.Next())
+			j.logger.Error("cleanup failed", slog.String("error", err.Error()), slog.Duration("retry_in", next))
+		default:
+			failures.Reset()
+			j.TestSignals.CleanedUp.Signal(res)
+		}
+		timer.Reset(next)
+	}
 }
 
 // Stop ends the cleanup in progress between two batches and waits for it.

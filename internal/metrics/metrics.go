@@ -1,7 +1,7 @@
 // Package metrics exposes the service's Prometheus metrics: counters fed by
 // ingest, the workers and the relay, the state of each connection pool, and
 // gauges read from the database on every scrape by the one process that
-// holds the GaugeLock.
+// leads (internal/leader).
 package metrics
 
 import (
@@ -44,10 +44,15 @@ type Options struct {
 	// Pools are the connection pools whose pgxpool statistics are exported,
 	// by the name in their pool label (e.g. ingest, worker, relay).
 	Pools map[string]*pgxpool.Pool
-	// GaugeLock, when set, decides whether this process exports the gauges
-	// read from the database; when nil, it always does.
-	GaugeLock *GaugeLock
+	// Leader, when set, decides whether this process exports the gauges
+	// read from the database: only while it leads (internal/leader). When
+	// nil, it always does.
+	Leader Leader
 }
+
+// Leader reports whether this process is the one that exports the gauges
+// read from the database.
+type Leader interface{ Held() bool }
 
 // New returns the metrics, with gauges that read the database through pool
 // (each scrape bounded by timeout), Go's process and runtime collectors, and
@@ -109,7 +114,7 @@ func New(pool *pgxpool.Pool, logger *slog.Logger, timeout time.Duration, build s
 	buildInfo.WithLabelValues(build).Set(1)
 	m.Registry.MustRegister(m.received, m.duplicates, m.conflicts, m.deadLettered, m.batchSize, m.outcomes, m.replays,
 		m.handler, m.endToEnd, m.published, m.janitor, m.repliesIgnored, buildInfo,
-		&gauges{pool: pool, logger: logger, timeout: timeout, lock: opts.GaugeLock},
+		&gauges{pool: pool, logger: logger, timeout: timeout, lock: opts.Leader},
 		&poolStats{pools: opts.Pools},
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
@@ -163,7 +168,7 @@ type gauges struct {
 	pool    *pgxpool.Pool
 	logger  *slog.Logger
 	timeout time.Duration
-	lock    *GaugeLock
+	lock    Leader
 
 	mu sync.Mutex
 	// last is the latest read, taken at readAt.
@@ -184,7 +189,7 @@ var (
 	unfoldedDesc   = prometheus.NewDesc("stock_unfolded_age_seconds", "Age of the oldest stock move not folded into stock.available yet: up to about 30 s while the folds run (longer for a SKU whose row is held at each fold).", nil, nil)
 	upDesc         = prometheus.NewDesc("inbox_database_up", "Whether the last scrape could read the database.", nil, nil)
 	holderDesc     = prometheus.NewDesc("inbox_database_gauges_exporter",
-		"1 in the one process that exports the gauges read from the database (inbox_pending, inbox_dead, inbox_oldest_pending_age_seconds, outbox_backlog, outbox_dead, outbox_replies_unpublished, outbox_replies_undeliverable, inbox_key_generation_age_seconds, inbox_key_hot_part_waiting_seconds, stock_unfolded_age_seconds), 0 in the others.", nil, nil)
+		"1 in the one process that exports the gauges read from the database, the elected leader (inbox_pending, inbox_dead, inbox_oldest_pending_age_seconds, outbox_backlog, outbox_dead, outbox_replies_unpublished, outbox_replies_undeliverable, inbox_key_generation_age_seconds, inbox_key_hot_part_waiting_seconds, stock_unfolded_age_seconds), 0 in the others.", nil, nil)
 )
 
 func (g *gauges) Describe(ch chan<- *prometheus.Desc) {

@@ -65,6 +65,10 @@ type RelayConfig struct {
 	// passed. This release's relays hold their rows by a row lock, which
 	// ends with their connection. Defaults to 30 seconds.
 	Lease time.Duration
+	// FloorKeptElsewhere leaves the outbox's claim floor to a keeper run
+	// elsewhere (claimfloor.OutboxKeeper, run by the elected leader: see
+	// internal/pipeline). When false, the relay raises the floor itself.
+	FloorKeptElsewhere bool
 	// ConfirmTimeout bounds the wait for the broker's confirms of a batch.
 	// Defaults to 10 seconds.
 	ConfirmTimeout time.Duration
@@ -142,7 +146,8 @@ type Relay struct {
 	// alarm is the current session's: whether the broker blocks its
 	// connection.
 	alarm atomic.Pointer[broker.Alarm]
-	// floor raises the claim floor the claims scan from.
+	// floor raises the claim floor the claims scan from; nil when it is
+	// kept elsewhere (FloorKeptElsewhere).
 	floor *claimfloor.Keeper
 
 	service startstop.Service
@@ -161,7 +166,9 @@ func NewRelay(pool *pgxpool.Pool, cfg *RelayConfig) (*Relay, error) {
 		queries: dbsqlc.New(),
 		wake:    make(chan struct{}, 1),
 	}
-	r.floor = &claimfloor.Keeper{Table: "outbox", Raise: claimfloor.Outbox(pool), Audit: claimfloor.OutboxAudit(pool, claimfloor.AuditBudget), Logger: r.logger}
+	if !c.FloorKeptElsewhere {
+		r.floor = claimfloor.OutboxKeeper(pool, r.logger)
+	}
 	return r, nil
 }
 
@@ -202,7 +209,9 @@ func (r *Relay) Blocked() (bool, string) { return r.alarm.Load().Active() }
 func (r *Relay) Start(ctx context.Context) error {
 	return r.service.Start(ctx, func(ctx, workCtx context.Context) {
 		var wg sync.WaitGroup
-		wg.Go(startstop.Guard(func() { r.floor.Run(ctx) }))
+		if r.floor != nil {
+			wg.Go(startstop.Guard(func() { r.floor.Run(ctx) }))
+		}
 		r.run(ctx, workCtx)
 		wg.Wait()
 	})

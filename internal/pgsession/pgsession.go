@@ -10,9 +10,11 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
 )
 
@@ -98,4 +100,23 @@ func SetAfterConnectInPool(pc *pgxpool.Config) {
 		SetAfterConnect(cc)
 		return nil
 	}
+}
+
+// CloseOnContextEnd makes a context that ends during a query close cc's
+// connection (pgx's deadline handler) instead of sending the server a
+// cancel request: for a session that waits idle, as a lock holder does,
+// which a cancel would not reach. Closing it ends the session, and with it
+// the locks it holds, at once.
+func CloseOnContextEnd(cc *pgx.ConnConfig) {
+	cc.BuildContextWatcherHandler = func(c *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.DeadlineContextWatcherHandler{Conn: c.Conn()}
+	}
+}
+
+// Close closes conn, waiting at most a second for the server to hear of
+// it, even when ctx has ended: for a deferred close.
+func Close(ctx context.Context, conn *pgx.Conn) {
+	closeCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+	defer cancel()
+	_ = conn.Close(closeCtx)
 }

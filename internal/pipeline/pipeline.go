@@ -2,6 +2,10 @@
 // the database wake-ups, the inbox worker, ingest, the outbox relay and the
 // janitor — wired to each other, and starts and stops them as one. Building
 // and starting are separate steps: New builds, Start starts.
+//
+// With a Leader, the maintenance (the janitor, the keepers of the inbox's
+// and the outbox's claim floors, and the LeaderTasks) runs only while this
+// process leads, in one process of the schema at a time.
 package pipeline
 
 import (
@@ -12,9 +16,11 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/orderconfirm/inboxd/internal/claimfloor"
 	"github.com/orderconfirm/inboxd/internal/inbox"
 	"github.com/orderconfirm/inboxd/internal/ingest"
 	"github.com/orderconfirm/inboxd/internal/janitor"
+	"github.com/orderconfirm/inboxd/internal/leader"
 	"github.com/orderconfirm/inboxd/internal/notifier"
 	"github.com/orderconfirm/inboxd/internal/outbox"
 	"github.com/orderconfirm/inboxd/internal/startstop"
@@ -42,6 +48,12 @@ type Config struct {
 	// Janitor, with JanitorPool, configures the janitor.
 	Janitor     *janitor.Config
 	JanitorPool *pgxpool.Pool
+	// Leader, when set, runs the maintenance while this process leads: the
+	// janitor, the claim floors' keepers (through WorkerPool and RelayPool)
+	// and LeaderTasks. When nil, the janitor runs with the rest, and the
+	// worker and the relay keep their floors themselves.
+	Leader      *leader.Elector
+	LeaderTasks []func(ctx context.Context)
 }
 
 // Pipeline is the built services. Those its Config left out are nil.
@@ -58,9 +70,16 @@ type Pipeline struct {
 // New builds the services cfg names, without starting any.
 func New(cfg *Config) (*Pipeline, error) {
 	p := &Pipeline{}
+	logger := cmp.Or(cfg.Logger, slog.Default())
 	var err error
+	var maintenance []func(context.Context)
 	if cfg.Worker != nil {
-		if p.Worker, err = inbox.NewWorker(cfg.WorkerPool, cfg.Worker); err != nil {
+		wc := *cfg.Worker
+		if cfg.Leader != nil {
+			wc.FloorKeptElsewhere = true
+			maintenance = append(maintenance, claimfloor.InboxKeeper(cfg.WorkerPool, logger.With(slog.String("component", "inbox.floor"))).Run)
+		}
+		if p.Worker, err = inbox.NewWorker(cfg.WorkerPool, &wc); err != nil {
 			return nil, err
 		}
 	}
@@ -74,7 +93,12 @@ func New(cfg *Config) (*Pipeline, error) {
 		}
 	}
 	if cfg.Relay != nil {
-		if p.Relay, err = outbox.NewRelay(cfg.RelayPool, cfg.Relay); err != nil {
+		rc := *cfg.Relay
+		if cfg.Leader != nil {
+			rc.FloorKeptElsewhere = true
+			maintenance = append(maintenance, claimfloor.OutboxKeeper(cfg.RelayPool, logger.With(slog.String("component", "outbox.floor"))).Run)
+		}
+		if p.Relay, err = outbox.NewRelay(cfg.RelayPool, &rc); err != nil {
 			return nil, err
 		}
 	}
@@ -84,7 +108,7 @@ func New(cfg *Config) (*Pipeline, error) {
 		}
 	}
 	if cfg.Listen != nil {
-		p.Notifier = notifier.New(cfg.Listen, cmp.Or(cfg.Logger, slog.Default()))
+		p.Notifier = notifier.New(cfg.Listen, logger)
 		if p.Worker != nil {
 			p.Notifier.Subscribe(notifier.TopicInbox, p.Worker.Notify)
 		}
@@ -105,22 +129,30 @@ func New(cfg *Config) (*Pipeline, error) {
 	if p.Relay != nil {
 		work = append(work, p.Relay)
 	}
-	if p.Janitor != nil {
+	switch {
+	case cfg.Leader == nil && p.Janitor != nil:
 		work = append(work, p.Janitor)
+	case p.Janitor != nil:
+		maintenance = append(maintenance, p.Janitor.Run)
 	}
 	p.services = append(p.services, startstop.Parallel(work...))
+	if cfg.Leader != nil {
+		maintenance = append(maintenance, cfg.LeaderTasks...)
+		p.services = append(p.services, startstop.Func(func(ctx context.Context) { cfg.Leader.Run(ctx, maintenance...) }))
+	}
 	return p, nil
 }
 
 // Start starts the services in order: the notifier, then the worker,
-// ingest, the relay and the janitor. When one fails to start, those started
+// ingest, the relay and the janitor, then the election (with a Leader). When one fails to start, those started
 // are stopped again and the error returned.
 func (p *Pipeline) Start(ctx context.Context) error {
 	return startstop.StartAll(ctx, p.services...)
 }
 
-// Stop stops the worker, ingest, the relay and the janitor at once, then
-// the notifier. ctx is the grace period of the work in flight (see
+// Stop stops the election and the maintenance it runs (with a Leader),
+// then the worker, ingest, the relay and the janitor at once, then the
+// notifier. ctx is the grace period of the work in flight (see
 // startstop.Service).
 func (p *Pipeline) Stop(ctx context.Context) {
 	startstop.StopAll(ctx, p.services...)
