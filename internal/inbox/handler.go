@@ -142,8 +142,19 @@ func Wait(d time.Duration, err error) error {
 	return &waitError{after: cmp.Or(d, WaitDefault), err: err}
 }
 
+// WaitFor is Wait with the kind of thing the message waits for, without
+// the particulars err names (e.g. "a stock row it needs is locked by
+// another session", where err names the SKUs). The worker logs the waits
+// of each kind once every 10 s, so that a stall of many orders, each
+// waiting for rows of its own, makes a few lines, not one per order.
+// With Wait, the kind is err's text.
+func WaitFor(d time.Duration, kind string, err error) error {
+	return &waitError{after: cmp.Or(d, WaitDefault), kind: kind, err: err}
+}
+
 type waitError struct {
 	after time.Duration
+	kind  string
 	err   error
 }
 

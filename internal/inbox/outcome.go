@@ -46,6 +46,9 @@ const outcomeWaiting = "waiting"
 type decision struct {
 	status, result, lastError, reply string
 	delay                            time.Duration
+	// waitKind is, for a wait, what the worker's log counts it under: the
+	// kind of thing it waits for (see WaitFor).
+	waitKind string
 }
 
 // decide turns a claimed message's outcome into its decision under cfg's
@@ -64,11 +67,18 @@ func decide(cfg *WorkerConfig, c *claimed) decision {
 	case out.Err == nil:
 		return decision{status: StatusProcessed, result: storable(out.Result), reply: replyObject(out.Reply)}
 	case errors.As(out.Err, &wait):
-		return decision{status: outcomeWaiting, lastError: storable("waiting: " + out.Err.Error()), delay: wait.after}
+		d := decision{status: outcomeWaiting, lastError: storable("waiting: " + out.Err.Error()), delay: wait.after}
+		d.waitKind = d.lastError
+		if wait.kind != "" {
+			d.waitKind = "waiting: " + wait.kind
+		}
+		return d
 	case IsLockNotAvailable(out.Err):
-		return decision{status: outcomeWaiting, lastError: storable("waiting: a row it needs is locked by another session: " + out.Err.Error()), delay: WaitDefault}
+		return decision{status: outcomeWaiting, lastError: storable("waiting: a row it needs is locked by another session: " + out.Err.Error()), delay: WaitDefault,
+			waitKind: "waiting: a row it needs is locked by another session (lock_timeout)"}
 	case isDatabaseTrouble(out.Err):
-		return decision{status: outcomeWaiting, lastError: storable("waiting: the database, not the message: " + out.Err.Error()), delay: WaitDefault}
+		return decision{status: outcomeWaiting, lastError: storable("waiting: the database, not the message: " + out.Err.Error()), delay: WaitDefault,
+			waitKind: "waiting: the database, not the message"}
 	case errors.Is(out.Err, ErrPermanent), m.Attempt >= cfg.MaxAttempts:
 		return decision{status: StatusDead, lastError: storable(out.Err.Error())}
 	case errors.As(out.Err, &ra):
@@ -192,10 +202,10 @@ func (w *Worker) logDecision(ctx context.Context, c claimed) {
 		w.logger.InfoContext(mctx, "message will be retried", slog.String("message_id", m.MessageID),
 			slog.Int("attempt", m.Attempt), slog.Duration("retry_in", d.delay), slog.String("error", d.lastError))
 	case outcomeWaiting:
-		if ok, notLogged := w.waits.allow(d.lastError, time.Now()); ok {
+		if ok, notLogged := w.waits.allow(d.waitKind, time.Now()); ok {
 			w.logger.InfoContext(mctx, "message waits, its attempt not counted (logged once every 10s for each reason)",
-				slog.String("message_id", m.MessageID), slog.Duration("retry_in", d.delay), slog.String("reason", d.lastError),
-				slog.Int("waits_not_logged", notLogged))
+				slog.String("message_id", m.MessageID), slog.Duration("retry_in", d.delay), slog.String("reason", d.waitKind),
+				slog.String("error", d.lastError), slog.Int("waits_not_logged", notLogged))
 		}
 	}
 }

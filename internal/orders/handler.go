@@ -116,17 +116,17 @@ func decodeBatch(msgs []inbox.Message) ([]message, []handled) {
 // batch index, with the reason) waits, and holds back the later messages of
 // its order in this batch too (they share one only when they have no
 // ordering key).
-func holdBack(ready []message, blocked map[int]string) (run []message, waiting []handled) {
+func holdBack(ready []message, blocked map[int]error) (run []message, waiting []handled) {
 	waits := map[string]error{}
 	for _, m := range ready {
 		id := m.orderID()
-		if reason := blocked[m.index]; reason != "" {
-			waits[id] = errors.New(reason)
+		if wait := blocked[m.index]; wait != nil {
+			waits[id] = wait
 		} else if waits[id] == nil {
 			run = append(run, m)
 			continue
 		}
-		waiting = append(waiting, handled{index: m.index, outcome: inbox.Outcome{Err: inbox.Wait(StockWaitRetry, waits[id])}})
+		waiting = append(waiting, handled{index: m.index, outcome: inbox.Outcome{Err: waits[id]}})
 	}
 	return run, waiting
 }
@@ -210,7 +210,7 @@ const StockHeldMemory = 2 * time.Second
 // open transaction, say) is not waited for. It returns, per message index,
 // why it must not run now when it needs stock rows another session holds,
 // and the levels of the rows it locked.
-func (h *Handler) lockStock(ctx context.Context, tx pgx.Tx, ready []message) (map[int]string, map[string]int32, error) {
+func (h *Handler) lockStock(ctx context.Context, tx pgx.Tx, ready []message) (map[int]error, map[string]int32, error) {
 	needs, err := h.stockNeeds(ctx, tx, ready)
 	if err != nil {
 		return nil, nil, err
@@ -228,7 +228,7 @@ func (h *Handler) lockStock(ctx context.Context, tx pgx.Tx, ready []message) (ma
 	if err != nil || len(held) == 0 {
 		return nil, levels, err
 	}
-	blocked := map[int]string{}
+	blocked := map[int]error{}
 	for i, need := range needs {
 		var skus []string
 		for _, sku := range slices.Sorted(slices.Values(need)) {
@@ -237,7 +237,8 @@ func (h *Handler) lockStock(ctx context.Context, tx pgx.Tx, ready []message) (ma
 			}
 		}
 		if len(skus) > 0 {
-			blocked[i] = fmt.Sprintf("stock row %s locked by another session", strings.Join(skus, ", "))
+			blocked[i] = inbox.WaitFor(StockWaitRetry, "a stock row it needs is locked by another session",
+				fmt.Errorf("stock row %s locked by another session", strings.Join(skus, ", ")))
 		}
 	}
 	return blocked, levels, nil
@@ -248,10 +249,10 @@ func (h *Handler) lockStock(ctx context.Context, tx pgx.Tx, ready []message) (ma
 // most (see order_lock), and returns blocked with each cancellation added
 // whose order has a row another session holds: it waits, and the batch goes
 // on.
-func (h *Handler) lockOrders(ctx context.Context, tx pgx.Tx, ready []message, blocked map[int]string) (map[int]string, error) {
+func (h *Handler) lockOrders(ctx context.Context, tx pgx.Tx, ready []message, blocked map[int]error) (map[int]error, error) {
 	byOrder := map[string][]int{}
 	for _, m := range ready {
-		if m.cancelled != nil && blocked[m.index] == "" {
+		if m.cancelled != nil && blocked[m.index] == nil {
 			byOrder[m.cancelled.OrderID] = append(byOrder[m.cancelled.OrderID], m.index)
 		}
 	}
@@ -265,11 +266,12 @@ func (h *Handler) lockOrders(ctx context.Context, tx pgx.Tx, ready []message, bl
 		return nil, fmt.Errorf("lock orders: %w", err)
 	}
 	if len(held) > 0 && blocked == nil {
-		blocked = map[int]string{}
+		blocked = map[int]error{}
 	}
 	for _, id := range held {
 		for _, i := range byOrder[id] {
-			blocked[i] = fmt.Sprintf("order %s: its order_confirmations or stock_reservations rows are locked by another session", id)
+			blocked[i] = inbox.WaitFor(StockWaitRetry, "its order's order_confirmations or stock_reservations rows are locked by another session",
+				fmt.Errorf("order %s: its order_confirmations or stock_reservations rows are locked by another session", id))
 		}
 	}
 	return blocked, nil
