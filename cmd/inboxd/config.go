@@ -22,6 +22,7 @@ import (
 	"github.com/orderconfirm/inboxd/internal/migrate"
 	"github.com/orderconfirm/inboxd/internal/orders"
 	"github.com/orderconfirm/inboxd/internal/outbox"
+	"github.com/orderconfirm/inboxd/internal/pgsession"
 	"github.com/orderconfirm/inboxd/internal/pipeline"
 	"github.com/orderconfirm/inboxd/internal/retry"
 )
@@ -239,6 +240,9 @@ func loadConfig(getenv func(string) string, command string) (*config, error) {
 	// them the row locks its transactions hold (its claims among them),
 	// instead of at their end or at a timeout.
 	rp["client_connection_check_interval"] = "1000"
+	// Both ends of every connection notice a silent network (packets
+	// lost, nothing refused) within seconds.
+	pgsession.WatchNetwork(c.dbConfig.ConnConfig)
 	pipeline.ConfigureSession(c.dbConfig.ConnConfig)
 	return c, nil
 }

@@ -256,3 +256,20 @@ func TestServePoolsAttached(t *testing.T) {
 	require.Same(t, ps.relay, measured["relay"])
 	require.Same(t, ps.gauges, measured["gauges"])
 }
+
+// Every connection serve makes watches its network at both ends (see
+// pgsession.WatchNetwork), and checks its client while a statement runs.
+func TestServeSessionsWatchTheirNetwork(t *testing.T) {
+	cfg := loadTestConfig(t, map[string]string{
+		"DATABASE_URL": "postgres://inboxd@db.example:5432/shop",
+		"AMQP_URL":     "amqp://guest@mq.example:5672/",
+	})
+	cc := cfg.dbConfig.Copy().ConnConfig
+	require.NotNil(t, cc.DialFunc, "dialled with keepalive and a user timeout")
+	for name, want := range map[string]string{
+		"tcp_keepalives_idle": "5", "tcp_keepalives_interval": "2", "tcp_keepalives_count": "3",
+		"tcp_user_timeout": "10000", "client_connection_check_interval": "1000",
+	} {
+		require.Equal(t, want, cc.RuntimeParams[name], name)
+	}
+}
