@@ -9,6 +9,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -126,23 +127,39 @@ func viaProxy(t *testing.T, rawURL, addr string) string {
 }
 
 // Acceptance: of two replicas under 100 orders a second, the one that is
-// the inbox queue's active consumer and the leader loses its network, to
-// PostgreSQL and to RabbitMQ at once, as a partition that drops packets
-// would: nothing it sends arrives, nothing is refused, its sockets stay
-// open. The other keeps the flow: PostgreSQL ends the silent replica's
-// sessions (its batch's transaction after INBOX_WORKER_IDLE_IN_TX_TIMEOUT,
-// its liveness and leader sessions after 5 s without a ping), so its
-// claims and the rows it locked are free and the other leads; RabbitMQ
-// closes its connection once its heartbeats stop (INBOX_AMQP_HEARTBEAT, 2 s
-// here), and hands the queue to the other's ingest, with the deliveries
-// the silent one had not acked. Over all orders, publish → processed stays
-// within p50 1 s and p99 10 s, and every order is confirmed once.
-func TestASilentNetworkHoldsTheFlowBackSecondsOnly(t *testing.T) {
+// the inbox queue's active consumer and the leader goes quiet while it
+// holds claims: its network goes silent, to PostgreSQL and to RabbitMQ at
+// once, as a partition that drops packets would (nothing it sends
+// arrives, nothing is refused, its sockets stay open), or its process is
+// frozen (SIGSTOP, as a VM pause) for 15 s, longer than every timeout,
+// and then resumed. The other keeps the flow: PostgreSQL ends the quiet
+// replica's sessions (its batch's transaction after
+// INBOX_WORKER_IDLE_IN_TX_TIMEOUT, its liveness and leader sessions after
+// 5 s without a ping), so its claims and the rows it locked are free and
+// the other leads; RabbitMQ closes its connection once its heartbeats stop
+// (INBOX_AMQP_HEARTBEAT, 2 s here), and hands the queue to the other's
+// ingest, with the deliveries the quiet one had not acked. Over all
+// orders, publish → processed stays within p50 1 s and p99 10 s, and
+// every order is confirmed once. A frozen replica, resumed, drops what it
+// held and handles messages again.
+func TestAQuietReplicaHoldsTheFlowBackSecondsOnly(t *testing.T) {
 	if raceEnabled {
 		t.Skip("the bounds are in seconds, and a race-built inboxd keeps up with 100 orders a second only at times")
 	}
-	t.Parallel()
-	const perSecond, heartbeat = 100, 2 * time.Second
+	for _, frozen := range []bool{false, true} {
+		name := "network silent"
+		if frozen {
+			name = "process frozen"
+		}
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			quietReplicaHoldsTheFlowBackSecondsOnly(t, frozen)
+		})
+	}
+}
+
+func quietReplicaHoldsTheFlowBackSecondsOnly(t *testing.T, freeze bool) {
+	const perSecond, heartbeat, frozenFor = 100, 2 * time.Second, 15 * time.Second
 	b := setupIn(t, testenv.NewDBAlone(t))
 	dbURL, err := url.Parse(b.db.URL)
 	require.NoError(t, err)
@@ -153,11 +170,12 @@ func TestASilentNetworkHoldsTheFlowBackSecondsOnly(t *testing.T) {
 		return serviceEnv(b.db, b.broker, "DATABASE_URL="+withApplicationName(t, db, name), "AMQP_URL="+mq,
 			"INBOX_AMQP_HEARTBEAT="+heartbeat.String(), "INBOX_WORKER_BATCH_SIZE=50")
 	}
-	// The silent one first: it is the queue's active consumer and leads.
-	silent := startProcess(t, env("silent", viaProxy(t, b.db.URL, pgProxy.ln.Addr().String()), viaProxy(t, b.broker.URL, mqProxy.ln.Addr().String())))
+	// The quiet one first: it is the queue's active consumer and leads.
+	quiet := startProcess(t, env("quiet", viaProxy(t, b.db.URL, pgProxy.ln.Addr().String()), viaProxy(t, b.broker.URL, mqProxy.ln.Addr().String())))
+	t.Cleanup(func() { _ = quiet.cmd.Process.Signal(syscall.SIGCONT) })
 	require.Eventually(t, func() bool {
 		return len(b.db.Strings(t, `SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-			WHERE l.locktype = 'advisory' AND l.granted AND a.application_name = 'silent leader'`)) == 1
+			WHERE l.locktype = 'advisory' AND l.granted AND a.application_name = 'quiet leader'`)) == 1
 	}, 30*time.Second, 50*time.Millisecond, "the first replica leads")
 	startProcess(t, env("stable", b.db.URL, b.broker.URL))
 
@@ -176,21 +194,32 @@ func TestASilentNetworkHoldsTheFlowBackSecondsOnly(t *testing.T) {
 		published <- loadgen.PublishPaced(context.WithoutCancel(t.Context()), b.broker.URL, msgs, 10, perSecond)
 	}()
 	time.Sleep(5 * time.Second)
-	// Silenced while it holds claims: looked for without pause, as a batch
-	// holds its claims for milliseconds.
-	claimedBySilent := fmt.Sprintf("SELECT message_id FROM inbox WHERE status = 'pending' AND claimed_by LIKE '%%/%d'", silent.cmd.Process.Pid)
+	// Quiet while it holds claims: looked for without pause, as a batch
+	// holds its claims for milliseconds, and let go again at once when it
+	// held none (the proxies hold what they get meanwhile; a frozen
+	// process holds its own).
+	goQuiet, goOn := func() { pgProxy.silence(); mqProxy.silence() }, func() { pgProxy.unsilence(); mqProxy.unsilence() }
+	if freeze {
+		goQuiet = func() { require.NoError(t, quiet.cmd.Process.Signal(syscall.SIGSTOP)) }
+		goOn = func() { require.NoError(t, quiet.cmd.Process.Signal(syscall.SIGCONT)) }
+	}
+	claimedByQuiet := fmt.Sprintf("SELECT message_id FROM inbox WHERE status = 'pending' AND claimed_by LIKE '%%/%d'", quiet.cmd.Process.Pid)
 	var claimed []string
 	for deadline := time.Now().Add(20 * time.Second); len(claimed) == 0; {
 		require.True(t, time.Now().Before(deadline), "the replica was never caught holding claims")
-		pgProxy.silence()
-		mqProxy.silence()
-		if claimed = b.db.Strings(t, claimedBySilent); len(claimed) == 0 {
-			pgProxy.unsilence()
-			mqProxy.unsilence()
+		goQuiet()
+		if claimed = b.db.Strings(t, claimedByQuiet); len(claimed) == 0 {
+			goOn()
 			time.Sleep(time.Millisecond)
 		}
 	}
-	silencedAt := time.Now()
+	quietAt := time.Now()
+	var resumedAt time.Time
+	if freeze {
+		time.Sleep(frozenFor)
+		goOn()
+		resumedAt = time.Now()
+	}
 
 	require.NoError(t, <-published)
 	b.waitDrained(t, total, time.Minute)
@@ -213,9 +242,15 @@ func TestASilentNetworkHoldsTheFlowBackSecondsOnly(t *testing.T) {
 	require.NoError(t, rows.Err())
 	slices.Sort(latencies)
 	p50, p99, worst := latencies[len(latencies)/2], latencies[len(latencies)*99/100], latencies[len(latencies)-1]
-	t.Logf("silenced %s after the first publish; publish → processed over %d orders: p50 %s, p99 %s, max %s",
-		silencedAt.Sub(started).Round(time.Millisecond), len(latencies), p50.Round(time.Millisecond), p99.Round(time.Millisecond), worst.Round(time.Millisecond))
-	t.Logf("%d messages claimed by the silent replica when it went silent", len(claimed))
+	t.Logf("quiet %s after the first publish, holding %d claims; publish → processed over %d orders: p50 %s, p99 %s, max %s",
+		quietAt.Sub(started).Round(time.Millisecond), len(claimed), len(latencies), p50.Round(time.Millisecond), p99.Round(time.Millisecond), worst.Round(time.Millisecond))
 	require.LessOrEqual(t, p50, time.Second, "p50")
 	require.LessOrEqual(t, p99, 10*time.Second, "p99")
+
+	if freeze {
+		require.False(t, quiet.exited(), "the resumed replica goes on")
+		require.Eventually(t, func() bool {
+			return b.count(t, fmt.Sprintf("SELECT count(*) FROM inbox_attempts WHERE outcome = 'processed' AND process LIKE '%%/%d' AND finished_at > $1", quiet.cmd.Process.Pid), resumedAt) > 0
+		}, 30*time.Second, 100*time.Millisecond, "the resumed replica handles messages again")
+	}
 }
