@@ -287,7 +287,7 @@ func TestAStallDoesNotFloodTheLog(t *testing.T) {
 	}
 	require.NoError(t, loadgen.Publish(t.Context(), b.broker.URL, msgs, 50))
 	stall := lockHold(t, 8*time.Second) // LOCK_TEST_SECONDS=60 for the minute-long stall
-	if testing.Short() { // the race run
+	if testing.Short() {                // the race run
 		stall = 4 * time.Second
 	}
 	time.Sleep(stall) // the stall the log must not flood
