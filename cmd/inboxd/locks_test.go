@@ -286,8 +286,9 @@ func TestAStallDoesNotFloodTheLog(t *testing.T) {
 		msgs = append(msgs, loadgen.Message{MessageID: fmt.Sprintf("w-%d", i), RoutingKey: orders.TypeOrderCreated, Body: body})
 	}
 	require.NoError(t, loadgen.Publish(t.Context(), b.broker.URL, msgs, 50))
-	stall := lockHold(t, 8*time.Second) // LOCK_TEST_SECONDS=60 for the minute-long stall
-	if testing.Short() {                // the race run
+	// LOCK_TEST_SECONDS=60 for the minute-long stall; 4 s in the race run.
+	stall := lockHold(t, 8*time.Second)
+	if testing.Short() {
 		stall = 4 * time.Second
 	}
 	time.Sleep(stall) // the stall the log must not flood
