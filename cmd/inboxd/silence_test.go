@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/url"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -191,14 +192,33 @@ func quietReplicaHoldsTheFlowBackSecondsOnly(t *testing.T, c quietCase) {
 	}, 30*time.Second, 50*time.Millisecond, "the first replica leads")
 	startProcess(t, env("stable", b.db.URL, b.broker.URL))
 
+	// 30 s of messages: orders, every seventh cancelled right behind it.
+	// Each message's publish time is its place in the paced stream.
 	const total = 30 * perSecond
-	msgs := make([]loadgen.Message, total)
-	for i := range msgs {
+	var msgs []loadgen.Message
+	place := map[string]int{}
+	cancels := 0
+	for i := 0; len(msgs) < total; i++ {
 		id := fmt.Sprintf("s-%05d", i)
 		body, err := json.Marshal(orders.OrderCreated{OrderID: id, UserID: "u", Email: "u@example.com",
 			Items: []orders.Item{{SKU: fmt.Sprintf("SKU-%d", 1+i%3), Quantity: 1}}})
 		require.NoError(t, err)
-		msgs[i] = loadgen.Message{MessageID: id, RoutingKey: orders.TypeOrderCreated, Body: body}
+		place[id] = len(msgs)
+		msgs = append(msgs, loadgen.Message{MessageID: id, RoutingKey: orders.TypeOrderCreated, OrderID: id, Body: body})
+		if i%7 == 3 && len(msgs) < total {
+			body, err := json.Marshal(orders.OrderCancelled{OrderID: id, Reason: "customer request"})
+			require.NoError(t, err)
+			place[id+"-cancelled"] = len(msgs)
+			msgs = append(msgs, loadgen.Message{MessageID: id + "-cancelled", RoutingKey: orders.TypeOrderCancelled, OrderID: id, Body: body})
+			cancels++
+		}
+	}
+	orderCount := total - cancels
+	var started time.Time
+	publishedAt := func(id string) time.Time {
+		n, ok := place[id]
+		require.True(t, ok, id)
+		return started.Add(time.Duration(n) * time.Second / perSecond)
 	}
 	// Every event's first arrival downstream.
 	var arrivedMu sync.Mutex
@@ -213,7 +233,7 @@ func quietReplicaHoldsTheFlowBackSecondsOnly(t *testing.T, c quietCase) {
 			arrivedMu.Unlock()
 		}
 	}()
-	started := time.Now()
+	started = time.Now()
 	published := make(chan error, 1)
 	go func() {
 		published <- loadgen.PublishPaced(context.WithoutCancel(t.Context()), b.broker.URL, msgs, 10, perSecond)
@@ -255,7 +275,8 @@ func quietReplicaHoldsTheFlowBackSecondsOnly(t *testing.T, c quietCase) {
 
 	require.NoError(t, <-published)
 	b.waitDrained(t, total, time.Minute)
-	require.Equal(t, total, b.count(t, "SELECT count(*) FROM order_confirmations WHERE status = 'confirmed'"), "every order confirmed once")
+	require.Equal(t, orderCount-cancels, b.count(t, "SELECT count(*) FROM order_confirmations WHERE status = 'confirmed'"), "every order confirmed once")
+	require.Equal(t, cancels, b.count(t, "SELECT count(*) FROM order_confirmations WHERE status = 'cancelled'"), "every cancellation after its order")
 
 	// Publish → processed, each order's publish time taken from its place
 	// in the paced stream.
@@ -266,34 +287,35 @@ func quietReplicaHoldsTheFlowBackSecondsOnly(t *testing.T, c quietCase) {
 		var id string
 		var at time.Time
 		require.NoError(t, rows.Scan(&id, &at))
-		var i int
-		_, err := fmt.Sscanf(id, "s-%05d", &i)
-		require.NoError(t, err)
-		latencies = append(latencies, at.Sub(started.Add(time.Duration(i)*time.Second/perSecond)))
+		latencies = append(latencies, at.Sub(publishedAt(id)))
 	}
 	require.NoError(t, rows.Err())
 	slices.Sort(latencies)
 	p50, p99, worst := latencies[len(latencies)/2], latencies[len(latencies)*99/100], latencies[len(latencies)-1]
-	t.Logf("quiet %s after the first publish, holding %d (%s); publish → processed over %d orders: p50 %s, p99 %s, max %s",
+	t.Logf("quiet %s after the first publish, holding %d (%s); publish → processed over %d messages: p50 %s, p99 %s, max %s",
 		quietAt.Sub(started).Round(time.Millisecond), len(held), c.caught, len(latencies), p50.Round(time.Millisecond), p99.Round(time.Millisecond), worst.Round(time.Millisecond))
 	require.LessOrEqual(t, p50, time.Second, "p50")
 	require.LessOrEqual(t, p99, 10*time.Second, "p99")
 
-	// Publish → event downstream, for each order's two events: those the
-	// quiet relay held wait for its transaction to be ended, the rest
-	// do not wait for them.
+	// Publish → event downstream, for every event (an order's confirmation
+	// and email request, a cancellation's order.cancelled): those the quiet
+	// relay held wait for its transaction to be ended, the rest do not
+	// wait for them. A cancellation's event comes after its order's.
 	require.Eventually(t, func() bool {
 		arrivedMu.Lock()
 		defer arrivedMu.Unlock()
-		return len(arrived) == 2*total
-	}, relayIdle+time.Minute, 100*time.Millisecond, "every order's two events arrive downstream, once each")
+		return len(arrived) == 2*orderCount+cancels
+	}, relayIdle+time.Minute, 100*time.Millisecond, "every event arrives downstream")
 	arrivedMu.Lock()
 	var eventLatencies []time.Duration
 	for id, at := range arrived {
-		var i int
-		_, err := fmt.Sscanf(id, "s-%05d:", &i)
-		require.NoError(t, err, id)
-		eventLatencies = append(eventLatencies, at.Sub(started.Add(time.Duration(i)*time.Second/perSecond)))
+		message, _, ok := strings.Cut(id, ":")
+		require.True(t, ok, id)
+		eventLatencies = append(eventLatencies, at.Sub(publishedAt(message)))
+		if order, ok := strings.CutSuffix(message, "-cancelled"); ok {
+			confirmed, ok := arrived[order+":"+orders.EventOrderConfirmed]
+			require.True(t, ok && !at.Before(confirmed), "%s's order.cancelled after its order.confirmed", order)
+		}
 	}
 	arrivedMu.Unlock()
 	slices.Sort(eventLatencies)
