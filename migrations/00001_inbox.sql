@@ -99,28 +99,6 @@ CREATE INDEX inbox_processed_at_idx ON inbox (processed_at) WHERE status = 'proc
 CREATE INDEX inbox_order_key_open_idx ON inbox (order_key, id)
 WHERE status <> 'processed' AND order_key IS NOT NULL;
 
--- inbox_notify wakes the workers of every inboxd process (LISTEN
--- inbox_pending) when rows arrive, whoever inserted them. The payload is the
--- table's schema, so a process ignores wake-ups meant for another schema in
--- the same database. A statement trigger: one notification per batch.
--- +goose StatementBegin
-CREATE FUNCTION inbox_notify() RETURNS trigger
-LANGUAGE plpgsql
-AS $$
-BEGIN
-    IF EXISTS (SELECT 1 FROM new_rows) THEN
-        PERFORM pg_notify('inbox_pending', TG_TABLE_SCHEMA);
-    END IF;
-    RETURN NULL;
-END;
-$$;
--- +goose StatementEnd
-
-CREATE TRIGGER inbox_notify_insert
-AFTER INSERT ON inbox
-REFERENCING NEW TABLE AS new_rows
-FOR EACH STATEMENT EXECUTE FUNCTION inbox_notify();
-
 -- inbox_replay makes a replay one SQL statement by an operator:
 --   UPDATE inbox SET replay_requested = true, replay_reason = 'fixed SKU data'
 --   WHERE message_id = 'msg-1001';
@@ -330,6 +308,10 @@ BEGIN
     ORDER BY due.id
     ON CONFLICT (idempotency_key) DO NOTHING;
     GET DIAGNOSTICS queued = ROW_COUNT;
+    IF queued > 0 THEN
+        -- Wakes the relays (see OutboxInsertMany).
+        PERFORM pg_notify('outbox_pending', current_schema());
+    END IF;
     RETURN queued;
 END;
 $$;
@@ -374,6 +356,10 @@ BEGIN
     ORDER BY due.id
     ON CONFLICT (idempotency_key) DO NOTHING;
     GET DIAGNOSTICS queued = ROW_COUNT;
+    IF queued > 0 THEN
+        -- Wakes the relays (see OutboxInsertMany).
+        PERFORM pg_notify('outbox_pending', current_schema());
+    END IF;
     RETURN queued;
 END;
 $$;

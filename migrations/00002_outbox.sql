@@ -112,28 +112,6 @@ WHERE published_at IS NULL AND order_key IS NOT NULL;
 CREATE INDEX outbox_dead_order_key_idx ON outbox (order_key, id)
 WHERE dead_at IS NOT NULL;
 
--- outbox_notify wakes the relays of every inboxd process (LISTEN
--- outbox_pending); the payload is the table's schema. A statement trigger:
--- one notification a statement, and none for a statement that inserted
--- nothing (every key already here).
--- +goose StatementBegin
-CREATE FUNCTION outbox_notify() RETURNS trigger
-LANGUAGE plpgsql
-AS $$
-BEGIN
-    IF EXISTS (SELECT 1 FROM new_rows) THEN
-        PERFORM pg_notify('outbox_pending', TG_TABLE_SCHEMA);
-    END IF;
-    RETURN NULL;
-END;
-$$;
--- +goose StatementEnd
-
-CREATE TRIGGER outbox_notify_insert
-AFTER INSERT ON outbox
-REFERENCING NEW TABLE AS new_rows
-FOR EACH STATEMENT EXECUTE FUNCTION outbox_notify();
-
 -- Replaying a dead row is one SQL statement by an operator:
 --   UPDATE outbox SET replay_requested = true, replay_reason = 'bound the queue'
 --   WHERE idempotency_key = 'msg-1001:order.confirmed';

@@ -71,8 +71,13 @@ WITH m AS (
     ORDER BY m.n
     ON CONFLICT (message_id) DO NOTHING
     RETURNING message_id
+), woken AS (
+    -- Wakes the workers of every inboxd process (LISTEN inbox_pending) at
+    -- commit when the batch stored any message; the payload is the schema,
+    -- so that a process ignores wake-ups meant for another schema.
+    SELECT pg_notify('inbox_pending', current_schema()) FROM (SELECT 1 FROM stored LIMIT 1) AS any_stored
 )
-SELECT stored.message_id, false AS another_user FROM stored
+SELECT stored.message_id, false AS another_user FROM stored, (SELECT count(*) FROM woken) AS w
 UNION ALL
 SELECT a.message_id, true FROM asking a
 WHERE a.first_user IS NOT NULL AND a.first_user IS DISTINCT FROM nullif(a.user_id, '');

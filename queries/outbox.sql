@@ -4,15 +4,25 @@
 -- order of the arrays, which is the order the relay publishes them in. An
 -- empty traceparent or tracestate is stored as NULL; when the arrays are left
 -- out, no row has one.
-INSERT INTO outbox (idempotency_key, routing_key, payload, message_id, order_key, traceparent, tracestate)
-SELECT e.idempotency_key, e.routing_key, e.payload::jsonb, e.message_id, nullif(e.order_key, ''),
-       nullif(e.traceparent, ''), nullif(e.tracestate, '')
-FROM ROWS FROM (unnest(@idempotency_keys::text[]), unnest(@routing_keys::text[]), unnest(@payloads::text[]),
-               unnest(@message_ids::text[]), unnest(@order_keys::text[]),
-               unnest(@traceparents::text[]), unnest(@tracestates::text[]))
-     WITH ORDINALITY AS e (idempotency_key, routing_key, payload, message_id, order_key, traceparent, tracestate, n)
-ORDER BY e.n
-ON CONFLICT (idempotency_key) DO NOTHING;
+--
+-- When it inserts any, it wakes the relays of every inboxd process
+-- (LISTEN outbox_pending) at commit, with the schema as the payload, so
+-- that a process ignores wake-ups meant for another schema of the
+-- database. Rows written otherwise (an operator's INSERT, a replay) are
+-- found by the relays' polling (INBOX_POLL_INTERVAL).
+WITH inserted AS (
+    INSERT INTO outbox (idempotency_key, routing_key, payload, message_id, order_key, traceparent, tracestate)
+    SELECT e.idempotency_key, e.routing_key, e.payload::jsonb, e.message_id, nullif(e.order_key, ''),
+           nullif(e.traceparent, ''), nullif(e.tracestate, '')
+    FROM ROWS FROM (unnest(@idempotency_keys::text[]), unnest(@routing_keys::text[]), unnest(@payloads::text[]),
+                   unnest(@message_ids::text[]), unnest(@order_keys::text[]),
+                   unnest(@traceparents::text[]), unnest(@tracestates::text[]))
+         WITH ORDINALITY AS e (idempotency_key, routing_key, payload, message_id, order_key, traceparent, tracestate, n)
+    ORDER BY e.n
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING 1
+)
+SELECT pg_notify('outbox_pending', current_schema()) FROM (SELECT 1 FROM inserted LIMIT 1) AS any_inserted;
 
 -- name: OutboxClaimBatch :many
 -- OutboxClaimBatch takes up to max_rows unpublished rows that are due,

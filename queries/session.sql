@@ -6,10 +6,12 @@ SELECT coalesce(current_schema(), '')::text AS schema;
 
 -- name: SessionListenInboxPending :exec
 -- SessionListenInboxPending subscribes the session to the inbox_pending
--- notifications sent by the inbox_notify trigger.
+-- notifications sent by the statement that stores messages (InboxInsertMany).
 LISTEN inbox_pending;
 
 -- name: SessionListenOutboxPending :exec
 -- SessionListenOutboxPending subscribes the session to the outbox_pending
--- notifications sent by the outbox_notify trigger.
+-- notifications sent by the statements that write outbox rows
+-- (OutboxInsertMany, and the replies of inbox_reply_answer and
+-- inbox_reply_forgotten).
 LISTEN outbox_pending;

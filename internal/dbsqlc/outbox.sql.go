@@ -199,15 +199,19 @@ func (q *Queries) OutboxClaimFloorRaise(ctx context.Context, db DBTX, arg Outbox
 }
 
 const outboxInsertMany = `-- name: OutboxInsertMany :exec
-INSERT INTO outbox (idempotency_key, routing_key, payload, message_id, order_key, traceparent, tracestate)
-SELECT e.idempotency_key, e.routing_key, e.payload::jsonb, e.message_id, nullif(e.order_key, ''),
-       nullif(e.traceparent, ''), nullif(e.tracestate, '')
-FROM ROWS FROM (unnest($1::text[]), unnest($2::text[]), unnest($3::text[]),
-               unnest($4::text[]), unnest($5::text[]),
-               unnest($6::text[]), unnest($7::text[]))
-     WITH ORDINALITY AS e (idempotency_key, routing_key, payload, message_id, order_key, traceparent, tracestate, n)
-ORDER BY e.n
-ON CONFLICT (idempotency_key) DO NOTHING
+WITH inserted AS (
+    INSERT INTO outbox (idempotency_key, routing_key, payload, message_id, order_key, traceparent, tracestate)
+    SELECT e.idempotency_key, e.routing_key, e.payload::jsonb, e.message_id, nullif(e.order_key, ''),
+           nullif(e.traceparent, ''), nullif(e.tracestate, '')
+    FROM ROWS FROM (unnest($1::text[]), unnest($2::text[]), unnest($3::text[]),
+                   unnest($4::text[]), unnest($5::text[]),
+                   unnest($6::text[]), unnest($7::text[]))
+         WITH ORDINALITY AS e (idempotency_key, routing_key, payload, message_id, order_key, traceparent, tracestate, n)
+    ORDER BY e.n
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING 1
+)
+SELECT pg_notify('outbox_pending', current_schema()) FROM (SELECT 1 FROM inserted LIMIT 1) AS any_inserted
 `
 
 type OutboxInsertManyParams struct {
@@ -225,6 +229,12 @@ type OutboxInsertManyParams struct {
 // order of the arrays, which is the order the relay publishes them in. An
 // empty traceparent or tracestate is stored as NULL; when the arrays are left
 // out, no row has one.
+//
+// When it inserts any, it wakes the relays of every inboxd process
+// (LISTEN outbox_pending) at commit, with the schema as the payload, so
+// that a process ignores wake-ups meant for another schema of the
+// database. Rows written otherwise (an operator's INSERT, a replay) are
+// found by the relays' polling (INBOX_POLL_INTERVAL).
 func (q *Queries) OutboxInsertMany(ctx context.Context, db DBTX, arg OutboxInsertManyParams) error {
 	_, err := db.Exec(ctx, outboxInsertMany,
 		arg.IdempotencyKeys,

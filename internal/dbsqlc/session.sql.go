@@ -28,7 +28,7 @@ LISTEN inbox_pending
 `
 
 // SessionListenInboxPending subscribes the session to the inbox_pending
-// notifications sent by the inbox_notify trigger.
+// notifications sent by the statement that stores messages (InboxInsertMany).
 func (q *Queries) SessionListenInboxPending(ctx context.Context, db DBTX) error {
 	_, err := db.Exec(ctx, sessionListenInboxPending)
 	return err
@@ -39,7 +39,9 @@ LISTEN outbox_pending
 `
 
 // SessionListenOutboxPending subscribes the session to the outbox_pending
-// notifications sent by the outbox_notify trigger.
+// notifications sent by the statements that write outbox rows
+// (OutboxInsertMany, and the replies of inbox_reply_answer and
+// inbox_reply_forgotten).
 func (q *Queries) SessionListenOutboxPending(ctx context.Context, db DBTX) error {
 	_, err := db.Exec(ctx, sessionListenOutboxPending)
 	return err

@@ -20,9 +20,11 @@ type Topic string
 
 // The topics the service listens on.
 const (
-	// TopicInbox is notified by the inbox_notify trigger.
+	// TopicInbox is notified by the statement that stores messages
+	// (InboxInsertMany).
 	TopicInbox Topic = "inbox_pending"
-	// TopicOutbox is notified by the outbox_notify trigger.
+	// TopicOutbox is notified by the statements that write outbox rows
+	// (OutboxInsertMany, and the reply functions).
 	TopicOutbox Topic = "outbox_pending"
 )
 
