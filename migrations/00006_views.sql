@@ -155,8 +155,8 @@ WHERE h.order_key IS NOT NULL
   );
 
 -- inbox_lock_holders: one row per session whose transaction has been open
--- for over 5 seconds while it holds a lock that keeps rows of the service's
--- tables from others (a SELECT ... FOR UPDATE or an UPDATE left open in psql,
+-- for over 5 seconds while it holds a lock that keeps rows of any of the
+-- service's tables from others (a SELECT ... FOR UPDATE or an UPDATE left open in psql,
 -- say). Such a session holds back the messages that need those rows (they
 -- wait, with the reason in last_error) and, through the ordering gate, the
 -- later messages of their orders. It says who (user, application, address),
@@ -181,8 +181,10 @@ JOIN pg_catalog.pg_stat_activity a ON a.pid = l.pid
 WHERE l.locktype = 'relation'
   AND l.granted
   AND l.mode <> 'AccessShareLock'
-  AND l.relation IN ('inbox'::regclass, 'outbox'::regclass, 'order_confirmations'::regclass,
-                     'stock'::regclass, 'stock_reservations'::regclass)
+  -- Every table of the service's schema (the one inbox is in), the key
+  -- ledger's partitions included.
+  AND c.relnamespace = (SELECT s.relnamespace FROM pg_catalog.pg_class s WHERE s.oid = 'inbox'::regclass)
+  AND c.relkind IN ('r', 'p')
   AND a.pid <> pg_backend_pid()
   AND a.xact_start < now() - interval '5 seconds'
 GROUP BY a.pid, a.usename, a.application_name, a.client_addr, a.state, a.xact_start;

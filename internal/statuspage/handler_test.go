@@ -278,9 +278,9 @@ func TestStatusPageCountsReplies(t *testing.T) {
 	require.Contains(t, body, `<span class="value" data-metric="replies_unpublished">2</span>`)
 }
 
-// A session that has held rows of the service for over 5 seconds (an
-// operator's SELECT … FOR UPDATE left open, its timeouts set to 0) is
-// listed, with the statement that ends it, in inbox_lock_holders and on the
+// A session that has held rows of the service's tables, any of them, for
+// over 5 seconds (an operator's SELECT … FOR UPDATE left open, its
+// timeouts set to 0) is listed, with the statement that ends it, in inbox_lock_holders and on the
 // page; a session that only reads is not.
 func TestStatusPageShowsSessionsHoldingRows(t *testing.T) {
 	t.Parallel()
@@ -295,6 +295,10 @@ func TestStatusPageShowsSessionsHoldingRows(t *testing.T) {
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(ctx) }()
 	_, err = tx.Exec(ctx, "SELECT * FROM inbox WHERE status = 'dead' LIMIT 1 FOR UPDATE")
+	require.NoError(t, err)
+	// Any table of the service's counts: a lock on stock_moves holds back
+	// the stock fold and the orders of its SKUs.
+	_, err = tx.Exec(ctx, "SELECT * FROM stock_moves LIMIT 1 FOR UPDATE")
 	require.NoError(t, err)
 	reader := b.db.Session(t)
 	rtx, err := reader.Begin(ctx)
@@ -311,7 +315,7 @@ func TestStatusPageShowsSessionsHoldingRows(t *testing.T) {
 	h := o.LockHolders[0]
 	require.Equal(t, pid, h.Pid)
 	require.Equal(t, "psql-alice", h.ApplicationName)
-	require.Equal(t, []string{"inbox"}, h.Tables)
+	require.Equal(t, []string{"inbox", "stock_moves"}, h.Tables)
 	require.Equal(t, fmt.Sprintf("SELECT pg_terminate_backend(%d);", pid), h.EndSQL)
 	require.GreaterOrEqual(t, h.OpenSeconds, 5.0)
 	status, body := get(t, b.server.URL+"/")
