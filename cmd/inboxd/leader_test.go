@@ -27,19 +27,7 @@ func TestTheLeadMovesWhenTheLeaderDiesOrFreezes(t *testing.T) {
 	start := func(name string) (*process, string) {
 		return startServing(t, b, "DATABASE_URL="+withApplicationName(t, b.db.URL, name), "INBOX_STOCK_FOLD_INTERVAL=1s")
 	}
-	// The application_name of the session holding the leader's lock, ""
-	// for none; it fails the test when two hold it.
-	leaderName := func() string {
-		names := b.db.Strings(t, `
-			SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-			WHERE l.locktype = 'advisory' AND l.granted AND a.datname = current_database()
-			  AND a.application_name LIKE '% leader'`)
-		require.LessOrEqual(t, len(names), 1, "two processes lead: %v", names)
-		if len(names) == 0 {
-			return ""
-		}
-		return names[0]
-	}
+	leaderName := func() string { return b.leader(t) }
 	waitLeader := func(want string, within time.Duration, since time.Time) time.Duration {
 		t.Helper()
 		for leaderName() != want {
@@ -102,4 +90,20 @@ func TestTheLeadMovesWhenTheLeaderDiesOrFreezes(t *testing.T) {
 	require.NoError(t, <-published)
 	b.waitDrained(t, w.UniqueMessageIDs, 2*time.Minute)
 	b.requireExactlyOnce(t, w)
+}
+
+// leader returns the application_name of the session holding the leader's
+// lock in the bundle's database ("<name> leader", where each replica's
+// DATABASE_URL names it), "" for none; it fails the test when two hold it.
+func (b *e2eBundle) leader(t *testing.T) string {
+	t.Helper()
+	names := b.db.Strings(t, `
+		SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
+		WHERE l.locktype = 'advisory' AND l.granted AND a.datname = current_database()
+		  AND a.application_name LIKE '% leader'`)
+	require.LessOrEqual(t, len(names), 1, "two processes lead: %v", names)
+	if len(names) == 0 {
+		return ""
+	}
+	return names[0]
 }

@@ -186,10 +186,7 @@ func quietReplicaHoldsTheFlowBackSecondsOnly(t *testing.T, c quietCase) {
 	// The quiet one first: it is the queue's active consumer and leads.
 	quiet := startProcess(t, env("quiet", viaProxy(t, b.db.URL, pgProxy.ln.Addr().String()), viaProxy(t, b.broker.URL, mqProxy.ln.Addr().String())))
 	t.Cleanup(func() { _ = quiet.cmd.Process.Signal(syscall.SIGCONT) })
-	require.Eventually(t, func() bool {
-		return len(b.db.Strings(t, `SELECT a.application_name FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid
-			WHERE l.locktype = 'advisory' AND l.granted AND a.application_name = 'quiet leader'`)) == 1
-	}, 30*time.Second, 50*time.Millisecond, "the first replica leads")
+	require.Eventually(t, func() bool { return b.leader(t) == "quiet leader" }, 30*time.Second, 50*time.Millisecond, "the first replica leads")
 	startProcess(t, env("stable", b.db.URL, b.broker.URL))
 
 	// 30 s of messages: orders, every seventh cancelled right behind it.
