@@ -47,7 +47,6 @@ type Elector struct {
 	connConfig *pgx.ConnConfig
 	logger     *slog.Logger
 	held       atomic.Bool
-	terms      atomic.Int64
 }
 
 // New returns an Elector whose session is opened with connConfig (its
@@ -62,9 +61,6 @@ func New(connConfig *pgx.ConnConfig, logger *slog.Logger) *Elector {
 // Held reports whether this process leads. It is safe on a nil Elector,
 // which never leads.
 func (e *Elector) Held() bool { return e != nil && e.held.Load() }
-
-// Terms reports how many times this process has taken the lead.
-func (e *Elector) Terms() int64 { return e.terms.Load() }
 
 // Run tries to take the lead, and runs tasks while it leads, each until
 // the lead is lost or ctx ends, until ctx ends. A task should return soon
@@ -122,7 +118,6 @@ func (e *Elector) session(ctx context.Context, tasks []func(context.Context)) er
 			}
 			if held {
 				e.held.Store(true)
-				e.terms.Add(1)
 				e.logger.Info("this process leads: it runs the maintenance and exports the database gauges")
 				for _, task := range tasks {
 					wg.Go(startstop.Guard(func() { task(leadCtx) }))
