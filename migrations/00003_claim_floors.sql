@@ -15,19 +15,26 @@
 -- sequence, which changes in place and leaves no row versions behind, and
 -- the service's keeper raises it only as far as this proves safe:
 --
---   * Rows take their ids when inserted but commit in another order. A
---     statement trigger takes, for each inserting transaction, a shared
---     advisory lock of the table (its "inserting" lock) before any of its
---     rows takes an id, held until the transaction ends. The keeper notes
---     the last id handed out, then the transactions holding that lock. Once
---     all of those have ended, every row up to the noted id is committed or
---     gone, and the oldest one still open is the new floor; until then the
---     note is kept. So the floor trails by a round of the keeper, and a
---     transaction that inserts and stays open holds the floor until it ends.
+--   * Rows take their ids when inserted but commit in another order. Every
+--     statement that writes a table takes its ROW EXCLUSIVE lock before it
+--     runs, so before any of its rows takes an id, and holds it until its
+--     transaction ends. The keeper notes the last id handed out, then the
+--     transactions holding that lock (the table's writers). Once all of
+--     those have ended, every row up to the noted id is committed or gone,
+--     and the oldest one still open is the new floor; until then the note is
+--     kept. So the floor trails by a round of the keeper, and a transaction
+--     that writes the table and stays open holds the floor until it ends.
 --   * A replay makes an ended row claimable again. A trigger lowers the floor
---     to its row, holding an advisory lock (the floor lock) until its
---     transaction ends; the keeper raises the floor only while holding the
---     same lock, and reads the floor again once it has it.
+--     to its row, holding the table's row of claim_floor_locks locked (the
+--     floor lock) until its transaction ends; the keeper raises the floor
+--     only while holding the same lock, and reads the floor again once it
+--     has it.
+--
+-- Both are locks only the service's roles can take: a table's ROW
+-- EXCLUSIVE lock needs a right to write it, a row lock a right to update
+-- it. Advisory locks are one namespace for every login of the database,
+-- and pg_locks shows their keys to all: any login could have held one and
+-- stalled every insert, or every raise.
 --   * An audit finds any row left open under a floor and lowers the floor
 --     to it.
 --
@@ -62,60 +69,48 @@ SET search_path FROM CURRENT
 AS $$ SELECT coalesce(pg_sequence_last_value('outbox_claim_floor_seq'), 0) $$;
 -- +goose StatementEnd
 
--- claim_floor_lock takes, until the transaction ends, the floor lock of seq,
+-- The floor locks, a row per table with a floor: whoever moves a floor
+-- holds its row locked (FOR UPDATE) until its transaction ends.
+CREATE TABLE claim_floor_locks (
+    tbl regclass PRIMARY KEY
+);
+INSERT INTO claim_floor_locks VALUES ('inbox'), ('outbox');
+
+-- claim_floor_lock takes, until the transaction ends, the floor lock of tbl,
 -- which serialises raising the floor with lowering it: waiting for it, or,
 -- with try, not (it then returns false).
 -- +goose StatementBegin
-CREATE FUNCTION claim_floor_lock(seq regclass, try boolean) RETURNS boolean
+CREATE FUNCTION claim_floor_lock(tbl regclass, try boolean) RETURNS boolean
 LANGUAGE plpgsql
 AS $$
 BEGIN
     IF try THEN
-        RETURN pg_try_advisory_xact_lock(hashtext('inboxd claim floor'), hashtext(seq::oid::text));
+        PERFORM 1 FROM claim_floor_locks l WHERE l.tbl = claim_floor_lock.tbl FOR UPDATE SKIP LOCKED;
+        RETURN FOUND;
     END IF;
-    PERFORM pg_advisory_xact_lock(hashtext('inboxd claim floor'), hashtext(seq::oid::text));
+    PERFORM 1 FROM claim_floor_locks l WHERE l.tbl = claim_floor_lock.tbl FOR UPDATE;
     RETURN true;
 END;
 $$;
 -- +goose StatementEnd
 
--- claim_floor_inserting, a statement trigger before INSERT, takes the
--- table's inserting lock for the transaction, before any row of the
--- statement takes its id. A trigger, so that every inserter takes it.
--- +goose StatementBegin
-CREATE FUNCTION claim_floor_inserting() RETURNS trigger
-LANGUAGE plpgsql
-AS $$
-BEGIN
-    PERFORM pg_advisory_xact_lock_shared(hashtext('inboxd claim floor inserting'), hashtext(TG_RELID::text));
-    RETURN NULL;
-END;
-$$;
--- +goose StatementEnd
-
-CREATE TRIGGER inbox_claim_floor_inserting BEFORE INSERT ON inbox
-FOR EACH STATEMENT EXECUTE FUNCTION claim_floor_inserting();
-CREATE TRIGGER outbox_claim_floor_inserting BEFORE INSERT ON outbox
-FOR EACH STATEMENT EXECUTE FUNCTION claim_floor_inserting();
-
--- claim_floor_inserters returns the transactions (virtual ids) that hold
--- tbl's inserting lock at the time of the call.
+-- claim_floor_inserters returns the transactions (virtual ids) that write
+-- tbl (hold its ROW EXCLUSIVE lock) at the time of the call: every
+-- transaction inserting into it among them.
 -- +goose StatementBegin
 CREATE FUNCTION claim_floor_inserters(tbl regclass) RETURNS text[]
 LANGUAGE sql
 AS $$
     SELECT coalesce(array_agg(l.virtualtransaction), '{}')
     FROM pg_locks l
-    WHERE l.locktype = 'advisory' AND l.objsubid = 2
+    WHERE l.locktype = 'relation' AND l.relation = tbl AND l.mode = 'RowExclusiveLock' AND l.granted
       AND l.database = (SELECT d.oid FROM pg_database d WHERE d.datname = current_database())
-      AND l.classid = hashtext('inboxd claim floor inserting')::oid
-      AND l.objid = hashtext(tbl::oid::text)::oid
 $$;
 -- +goose StatementEnd
 
 -- claim_floor_proven reports whether a note's inserters (the transactions
--- that held tbl's inserting lock when the note was taken) have all ended,
--- and then takes the floor lock of seq, held until the calling transaction
+-- that wrote tbl when the note was taken) have all ended, and then takes
+-- the floor lock of tbl, held until the calling transaction
 -- ends; false while one runs, or while a replay or another keeper holds
 -- the lock. Only under READ COMMITTED does each later statement see what
 -- those transactions committed.
@@ -130,7 +125,7 @@ BEGIN
     IF cardinality(noted_inserters) > 0 AND claim_floor_inserters(tbl) && noted_inserters THEN
         RETURN false;
     END IF;
-    RETURN claim_floor_lock(seq, true);
+    RETURN claim_floor_lock(tbl, true);
 END;
 $$;
 -- +goose StatementEnd
@@ -174,8 +169,8 @@ BEGIN
             floor := from_id;
         END IF;
     END IF;
-    -- The last id handed out, then the transactions inserting now: each
-    -- took the inserting lock before its rows took their ids.
+    -- The last id handed out, then the transactions writing now: each
+    -- took the table's lock before its rows took their ids.
     next_last := coalesce(pg_sequence_last_value(ids), 0);
     next_inserters := claim_floor_inserters(tbl);
 END;
@@ -222,12 +217,11 @@ AS $$
 DECLARE
     seq pg_catalog.regclass;
 BEGIN
-    seq := CASE tbl WHEN 'inbox' THEN pg_catalog.format('%I.inbox_claim_floor_seq', pg_catalog.current_schema())::pg_catalog.regclass
-                    WHEN 'outbox' THEN pg_catalog.format('%I.outbox_claim_floor_seq', pg_catalog.current_schema())::pg_catalog.regclass END;
-    IF seq IS NULL THEN
+    IF tbl IS NULL OR tbl NOT IN ('inbox', 'outbox') THEN
         RAISE EXCEPTION 'claim_floor_lower: no claim floor for %', tbl;
     END IF;
-    PERFORM claim_floor_lock(seq, false);
+    seq := pg_catalog.format('%I.%I', pg_catalog.current_schema(), tbl || '_claim_floor_seq')::pg_catalog.regclass;
+    PERFORM claim_floor_lock(pg_catalog.format('%I.%I', pg_catalog.current_schema(), tbl)::pg_catalog.regclass, false);
     IF coalesce(pg_catalog.pg_sequence_last_value(seq), 0) > id THEN
         PERFORM pg_catalog.setval(seq, id, true);
     END IF;
@@ -324,7 +318,7 @@ BEGIN
     IF stranded IS NULL THEN
         RETURN NULL;
     END IF;
-    PERFORM claim_floor_lock(seq, false);
+    PERFORM claim_floor_lock(tbl::regclass, false);
     EXECUTE format('SELECT EXISTS (SELECT 1 FROM %I WHERE id = $1 AND (%s))', tbl, open)
         INTO still USING stranded;
     IF NOT still OR stranded >= coalesce(pg_sequence_last_value(seq), 0) THEN
@@ -336,19 +330,47 @@ END;
 $$;
 -- +goose StatementEnd
 
--- inbox_live_sessions returns the keys of the session advisory locks
--- (pg_advisory_lock(bigint)) that this database's sessions hold: each inboxd
--- process holds one while it is up, so these are the processes whose claims
--- are alive. A claim whose inbox.claimed_session is not among them (its
--- process died, and PostgreSQL ended its sessions and locks) is taken over
--- at once instead of after the claim lease.
+-- The service's processes, each by a session key: a process's liveness
+-- session (and its leader session, internal/leader) holds the session
+-- advisory lock (pg_advisory_lock(bigint)) of its key while it is up, and
+-- registers the key here with its pid. A key is live only while the
+-- session that registered it holds its lock: advisory locks are one
+-- namespace for every login of the database, and pg_locks shows their
+-- keys to all, so a lock alone would let any login keep a dead process's
+-- claims, or the lead, alive by taking its key after it. Only the service
+-- writes here; the janitor deletes the rows of ended sessions.
+CREATE TABLE inbox_sessions (
+    session    bigint      PRIMARY KEY,
+    pid        integer     NOT NULL,
+    started_at timestamptz NOT NULL DEFAULT now()
+);
+
+-- inbox_live_sessions returns the live session keys: those whose lock is
+-- held by the session that registered them. A claim whose
+-- inbox.claimed_session is not among them (its process died, and
+-- PostgreSQL ended its sessions and locks) is taken over at once instead
+-- of after the claim lease.
 -- +goose StatementBegin
 CREATE FUNCTION inbox_live_sessions() RETURNS SETOF bigint
 LANGUAGE sql STABLE
+SET search_path FROM CURRENT
 AS $$
-    SELECT (l.classid::bigint << 32) | l.objid::bigint
-    FROM pg_catalog.pg_locks l
+    SELECT s.session
+    FROM inbox_sessions s
+    JOIN pg_catalog.pg_locks l ON l.pid = s.pid
     WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
+      AND ((l.classid::bigint << 32) | l.objid::bigint) = s.session
       AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = current_database())
 $$;
 -- +goose StatementEnd
+
+-- The process that leads (internal/leader): it runs the maintenance and
+-- exports the database gauges. One row, naming its leader session's key;
+-- once that key is no longer live another process takes the row over. A
+-- row only the service may write, rather than an advisory lock any login
+-- could take.
+CREATE TABLE inbox_leader (
+    one     boolean     PRIMARY KEY DEFAULT true CHECK (one),
+    session bigint      NOT NULL,
+    since   timestamptz NOT NULL DEFAULT now()
+);

@@ -32,10 +32,13 @@
 -- meet on the inbox's unique message_id index; the ledger answers only for
 -- ids stored before, which are committed.
 --
--- Locking, in short. Whoever writes keys holds the "remembering" advisory
--- lock (hashtext('inboxd key ledger'), hashtext(inbox's oid)) shared for its
--- transaction; sealing and rotating take it exclusively, so no transaction is
--- still writing a part that is sealed or a generation that is closed.
+-- Locking, in short. Whoever writes keys holds the "remembering" lock,
+-- inbox_key_hot_parts' ROW EXCLUSIVE lock, for its transaction; sealing and
+-- rotating take its SHARE lock, which waits for those and holds up new
+-- ones, so no transaction is still writing a part that is sealed or a
+-- generation that is closed. Both need a right to write the table, which
+-- only the service's roles have (an advisory lock, one namespace for every
+-- login of the database, would let any login stall every insert).
 -- TRUNCATE waits for the statements reading the table, and is not MVCC-safe:
 -- a REPEATABLE READ or SERIALIZABLE writer or checker locks the generation's
 -- and the parts' rows, so that a change after its snapshot fails it
@@ -190,7 +193,7 @@ LANGUAGE plpgsql
 SET search_path FROM CURRENT
 AS $$
 BEGIN
-    PERFORM pg_advisory_xact_lock_shared(hashtext('inboxd key ledger'), hashtext(TG_RELID::text));
+    LOCK TABLE inbox_key_hot_parts IN ROW EXCLUSIVE MODE;
     IF current_setting('transaction_isolation') <> 'read committed' THEN
         PERFORM 1 FROM inbox_key_generations WHERE closed_at IS NULL FOR SHARE;
         PERFORM 1 FROM inbox_key_hot_parts WHERE state = 'writing' FOR SHARE;
@@ -284,7 +287,7 @@ BEGIN
     -- The slot first: once it is ours, no ingest statement that read it is
     -- still running, so none holds the remembering lock and waits for us.
     EXECUTE format('TRUNCATE %I', 'inbox_keys_' || next_slot);
-    PERFORM pg_advisory_xact_lock(hashtext('inboxd key ledger'), hashtext('inbox'::regclass::oid::text));
+    LOCK TABLE inbox_key_hot_parts IN SHARE MODE;
     PERFORM inbox_keys_hand_over(cur.slot, next_slot);
     UPDATE inbox_key_generations SET closed_at = clock_timestamp() WHERE generation = cur.generation;
     INSERT INTO inbox_key_generations (generation, slot, opened_at)
@@ -325,7 +328,7 @@ BEGIN
           < pg_relation_size(format('inbox_keys_%s', w.slot)::regclass) THEN
         RETURN false;
     END IF;
-    PERFORM pg_advisory_xact_lock(hashtext('inboxd key ledger'), hashtext('inbox'::regclass::oid::text));
+    LOCK TABLE inbox_key_hot_parts IN SHARE MODE;
     SELECT g.slot INTO cur_slot FROM inbox_key_generations g WHERE g.closed_at IS NULL;
     PERFORM inbox_keys_hand_over(cur_slot, cur_slot);
     RETURN true;

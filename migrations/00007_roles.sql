@@ -70,7 +70,7 @@ DECLARE
     part     integer;
     -- Every table and view, which both roles read.
     readable text := 'inbox, inbox_attempts, inbox_conflicts, inbox_reply_requests, '
-        'inbox_keys, inbox_key_generations, inbox_key_hot_parts, '
+        'inbox_keys, inbox_key_generations, inbox_key_hot_parts, inbox_sessions, inbox_leader, claim_floor_locks, '
         'outbox, order_confirmations, stock, stock_moves, stock_reservations, '
         'inbox_overview, inbox_dead, inbox_dead_by_error, inbox_failures_by_build, '
         'inbox_throughput, inbox_held_back, inbox_lock_holders, inbox_replies, '
@@ -159,6 +159,12 @@ BEGIN
         GRANT UPDATE (available, folded_through, updated_at) ON stock TO inbox_service;
         GRANT UPDATE (released_at) ON stock_reservations TO inbox_service;
         GRANT SELECT, UPDATE ON inbox_claim_floor_seq, outbox_claim_floor_seq TO inbox_service;
+        -- The keeper locks a floor's row (FOR UPDATE); nothing changes it.
+        GRANT UPDATE (tbl) ON claim_floor_locks TO inbox_service;
+        -- Each process registers its session keys, and the janitor deletes
+        -- those of ended sessions; the leader's row names the one leading.
+        GRANT INSERT, DELETE, UPDATE (pid, started_at) ON inbox_sessions TO inbox_service;
+        GRANT INSERT, UPDATE (session, since) ON inbox_leader TO inbox_service;
         EXECUTE format('GRANT SELECT ON %s, %s TO inbox_service',
                        pg_get_serial_sequence('inbox', 'id'), pg_get_serial_sequence('outbox', 'id'));
         GRANT EXECUTE ON FUNCTION claim_floor_raise(regclass, regclass, text, bigint, text[]),

@@ -418,13 +418,31 @@ SELECT EXISTS (
       )
 )::boolean AS has_unfinished;
 
--- name: InboxHoldLiveness :exec
--- InboxHoldLiveness takes, for the calling session, the advisory lock that
--- says the process whose claims carry this session key is alive. The
--- worker holds it on a connection of its own; PostgreSQL drops it when
--- that session ends, and with it the process's claims (see
--- InboxClaimUnfinished).
-SELECT pg_advisory_lock(sqlc.arg(session)::bigint);
+-- name: InboxHoldLiveness :one
+-- InboxHoldLiveness takes, for the calling session, the advisory lock of a
+-- session key, and registers the key with the session's pid in
+-- inbox_sessions: the key is live (inbox_live_sessions) while this session
+-- holds it, and no other session's hold of it counts. The worker's
+-- liveness session holds the key its claims carry (see
+-- InboxClaimUnfinished); PostgreSQL drops the lock when the session ends,
+-- and with it the process's claims. It returns no row, registering
+-- nothing, when another session holds the key (one that took it after
+-- this process's last session ended): the caller then takes another key.
+WITH locked AS (
+    SELECT pg_try_advisory_lock(sqlc.arg(session)::bigint) AS held
+)
+INSERT INTO inbox_sessions (session, pid)
+SELECT sqlc.arg(session)::bigint, pg_backend_pid() FROM locked WHERE held
+ON CONFLICT (session) DO UPDATE SET pid = excluded.pid, started_at = now()
+RETURNING true AS registered;
+
+-- name: InboxSessionsForget :execrows
+-- InboxSessionsForget deletes the registered session keys that are no
+-- longer live and were registered over a minute ago (a session registering
+-- again sets started_at, so a row being taken back is never deleted).
+DELETE FROM inbox_sessions
+WHERE started_at < now() - interval '1 minute'
+  AND session NOT IN (SELECT inbox_live_sessions());
 
 -- name: InboxClaimFloorRaise :one
 -- InboxClaimFloorRaise raises the inbox's claim floor as far as the note

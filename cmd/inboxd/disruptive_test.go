@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/orderconfirm/inboxd/internal/broker"
+	"github.com/orderconfirm/inboxd/internal/dbsqlc"
 	"github.com/orderconfirm/inboxd/internal/loadgen"
 )
 
@@ -210,7 +211,7 @@ func TestDisruptivePostgresStoppedSpendsNoAttempt(t *testing.T) {
 	ghost, err := b.db.Pool.Acquire(t.Context())
 	require.NoError(t, err)
 	defer ghost.Release()
-	_, err = ghost.Exec(t.Context(), "SELECT pg_advisory_lock($1)", int64(ghostKey))
+	_, err = dbsqlc.New().InboxHoldLiveness(t.Context(), ghost, ghostKey)
 	require.NoError(t, err)
 	ghosted := b.count(t, `WITH c AS (
 		UPDATE inbox SET attempts = attempts + 1, claimed_at = now(), claimed_by = 'ghost/1',

@@ -191,7 +191,7 @@ func TestAReplayUnderTheFloorIsClaimed(t *testing.T) {
 
 		raising, err := db.Session(t).Begin(ctx)
 		require.NoError(t, err)
-		_, err = raising.Exec(ctx, "SELECT claim_floor_lock('inbox_claim_floor_seq', false)")
+		_, err = raising.Exec(ctx, "SELECT claim_floor_lock('inbox', false)")
 		require.NoError(t, err)
 		replayed := make(chan error, 1)
 		go func() {

@@ -432,18 +432,30 @@ func (q *Queries) InboxHasUnfinished(ctx context.Context, db DBTX, arg InboxHasU
 	return has_unfinished, err
 }
 
-const inboxHoldLiveness = `-- name: InboxHoldLiveness :exec
-SELECT pg_advisory_lock($1::bigint)
+const inboxHoldLiveness = `-- name: InboxHoldLiveness :one
+WITH locked AS (
+    SELECT pg_try_advisory_lock($1::bigint) AS held
+)
+INSERT INTO inbox_sessions (session, pid)
+SELECT $1::bigint, pg_backend_pid() FROM locked WHERE held
+ON CONFLICT (session) DO UPDATE SET pid = excluded.pid, started_at = now()
+RETURNING true AS registered
 `
 
-// InboxHoldLiveness takes, for the calling session, the advisory lock that
-// says the process whose claims carry this session key is alive. The
-// worker holds it on a connection of its own; PostgreSQL drops it when
-// that session ends, and with it the process's claims (see
-// InboxClaimUnfinished).
-func (q *Queries) InboxHoldLiveness(ctx context.Context, db DBTX, session int64) error {
-	_, err := db.Exec(ctx, inboxHoldLiveness, session)
-	return err
+// InboxHoldLiveness takes, for the calling session, the advisory lock of a
+// session key, and registers the key with the session's pid in
+// inbox_sessions: the key is live (inbox_live_sessions) while this session
+// holds it, and no other session's hold of it counts. The worker's
+// liveness session holds the key its claims carry (see
+// InboxClaimUnfinished); PostgreSQL drops the lock when the session ends,
+// and with it the process's claims. It returns no row, registering
+// nothing, when another session holds the key (one that took it after
+// this process's last session ended): the caller then takes another key.
+func (q *Queries) InboxHoldLiveness(ctx context.Context, db DBTX, session int64) (bool, error) {
+	row := db.QueryRow(ctx, inboxHoldLiveness, session)
+	var registered bool
+	err := row.Scan(&registered)
+	return registered, err
 }
 
 const inboxInsertMany = `-- name: InboxInsertMany :many
@@ -806,4 +818,21 @@ func (q *Queries) InboxReplyAnswerLeft(ctx context.Context, db DBTX, arg InboxRe
 	var i InboxReplyAnswerLeftRow
 	err := row.Scan(&i.Queued, &i.LastID, &i.Scanned)
 	return i, err
+}
+
+const inboxSessionsForget = `-- name: InboxSessionsForget :execrows
+DELETE FROM inbox_sessions
+WHERE started_at < now() - interval '1 minute'
+  AND session NOT IN (SELECT inbox_live_sessions())
+`
+
+// InboxSessionsForget deletes the registered session keys that are no
+// longer live and were registered over a minute ago (a session registering
+// again sets started_at, so a row being taken back is never deleted).
+func (q *Queries) InboxSessionsForget(ctx context.Context, db DBTX) (int64, error) {
+	result, err := db.Exec(ctx, inboxSessionsForget)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
 }

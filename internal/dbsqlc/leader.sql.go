@@ -9,18 +9,24 @@ import (
 	"context"
 )
 
-const leaderTryLock = `-- name: LeaderTryLock :one
-SELECT pg_try_advisory_lock(hashtextextended('inboxd leader ' || coalesce(current_schema(), ''), 0)) AS held
+const leaderTake = `-- name: LeaderTake :one
+WITH taken AS (
+    INSERT INTO inbox_leader AS l (session) VALUES ($1::bigint)
+    ON CONFLICT (one) DO UPDATE SET session = excluded.session, since = now()
+    WHERE l.session <> excluded.session
+      AND l.session NOT IN (SELECT inbox_live_sessions())
+    RETURNING l.session
+)
+SELECT coalesce((SELECT session FROM taken), (SELECT session FROM inbox_leader)) = $1::bigint AS leads
 `
 
-// LeaderTryLock tries to take, for the session, the advisory lock whose
-// holder is the one process of the current schema that runs the
-// maintenance and exports the database gauges (internal/leader). It
-// returns whether the session took it. Each success takes the lock once
-// more: call it only while not holding the lock.
-func (q *Queries) LeaderTryLock(ctx context.Context, db DBTX) (bool, error) {
-	row := db.QueryRow(ctx, leaderTryLock)
-	var held bool
-	err := row.Scan(&held)
-	return held, err
+// LeaderTake makes the session key the leader's if the leader's row names
+// none yet or a key no longer live (its session ended), and returns
+// whether the key leads. The caller's session must hold the key
+// (InboxHoldLiveness). The leader calls it too, as its ping.
+func (q *Queries) LeaderTake(ctx context.Context, db DBTX, session int64) (bool, error) {
+	row := db.QueryRow(ctx, leaderTake, session)
+	var leads bool
+	err := row.Scan(&leads)
+	return leads, err
 }

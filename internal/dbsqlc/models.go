@@ -10,6 +10,10 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
+type ClaimFloorLock struct {
+	Tbl interface{}
+}
+
 type Inbox struct {
 	ID              int64
 	MessageID       string
@@ -142,6 +146,12 @@ type InboxKeyLedger struct {
 	Keys       int32
 }
 
+type InboxLeader struct {
+	One     bool
+	Session int64
+	Since   time.Time
+}
+
 type InboxLockHolder struct {
 	Pid             pgtype.Int4
 	Usename         string
@@ -193,6 +203,12 @@ type InboxReplyRequest struct {
 	ReceivedAt    time.Time
 	AnsweredRun   pgtype.Int4
 	AnsweredAt    *time.Time
+}
+
+type InboxSession struct {
+	Session   int64
+	Pid       int32
+	StartedAt time.Time
 }
 
 type InboxThroughput struct {

@@ -3,45 +3,34 @@ package inbox
 import (
 	"context"
 	"log/slog"
-	"math/rand/v2"
 	"strconv"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/orderconfirm/inboxd/internal/dbsqlc"
 	"github.com/orderconfirm/inboxd/internal/pgsession"
 	"github.com/orderconfirm/inboxd/internal/retry"
 )
 
 // liveness tells other processes that this one is alive, through the
-// database: while it runs, a session of its own holds an advisory lock whose
-// key its claims carry (inbox.claimed_session). When the process dies,
-// PostgreSQL ends that session and drops the lock, and other workers take
-// the claims over at once, instead of waiting for the claim lease: the
-// lease only covers claims whose process's liveness is unknown. A process
-// that is frozen rather than dead stops pinging the session, and
-// PostgreSQL ends it after livenessIdleLimit.
+// database: while it runs, a session of its own holds a session key
+// (pgsession.SessionKey) that its claims carry (inbox.claimed_session).
+// When the process dies, PostgreSQL ends that session and the key is live
+// no more: other workers take the claims over at once, instead of waiting
+// for the claim lease, which only covers claims whose process's liveness
+// is unknown. A process that is frozen rather than dead stops pinging the
+// session, and PostgreSQL ends it after livenessIdleLimit.
 type liveness struct {
-	key  int64
-	held atomic.Bool
+	key *pgsession.SessionKey
 }
 
 func newLiveness() *liveness {
-	// Random, so that processes (and tests sharing a database) never share
-	// a key; positive, so that it reads back from pg_locks as it was given.
-	return &liveness{key: 1 + rand.Int64N(1<<62)}
+	return &liveness{key: pgsession.NewSessionKey()}
 }
 
 // session returns the key claims should carry: 0, for none, while the lock
 // is not held (before the first connection, or between two).
-func (l *liveness) session() int64 {
-	if l.held.Load() {
-		return l.key
-	}
-	return 0
-}
+func (l *liveness) session() int64 { return l.key.Held() }
 
 // livenessPing is how often the liveness session checks its connection,
 // and how long a check may take. Between a check and the next, a connection
@@ -60,7 +49,6 @@ const livenessIdleLimit = 5 * time.Second
 // "<application_name> liveness"), and keeps it until ctx ends, connecting
 // again whenever the connection fails.
 func (l *liveness) hold(ctx context.Context, config *pgx.ConnConfig, logger *slog.Logger) {
-	queries := dbsqlc.New()
 	config = config.Copy()
 	config.RuntimeParams["application_name"] += " liveness"
 	config.RuntimeParams["idle_session_timeout"] = strconv.FormatInt(livenessIdleLimit.Milliseconds(), 10)
@@ -74,11 +62,10 @@ func (l *liveness) hold(ctx context.Context, config *pgx.ConnConfig, logger *slo
 			return err
 		}
 		defer pgsession.Close(ctx, conn)
-		if err := queries.InboxHoldLiveness(ctx, conn, l.key); err != nil {
+		if err := l.key.Take(ctx, conn); err != nil {
 			return err
 		}
-		l.held.Store(true)
-		defer l.held.Store(false)
+		defer l.key.Release()
 		tick := time.NewTicker(livenessPing)
 		defer tick.Stop()
 		for {

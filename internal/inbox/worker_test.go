@@ -536,8 +536,9 @@ func TestWorkerFailureIsBounded(t *testing.T) {
 		const key = 4_000_000_000_123
 		live := b.db.Session(t)
 		q := dbsqlc.New()
-		require.NoError(t, q.InboxHoldLiveness(t.Context(), live, key))
-		_, err := q.InboxClaimBatch(t.Context(), b.db.Pool, dbsqlc.InboxClaimBatchParams{Process: "p", Build: "b", MaxRows: 1, Session: key})
+		_, err := q.InboxHoldLiveness(t.Context(), live, key)
+		require.NoError(t, err)
+		_, err = q.InboxClaimBatch(t.Context(), b.db.Pool, dbsqlc.InboxClaimBatchParams{Process: "p", Build: "b", MaxRows: 1, Session: key})
 		require.NoError(t, err)
 		w := b.newWorker(t, b.db.Pool, inbox.WorkerConfig{ClaimLease: time.Hour})
 		n, err := w.RunOnce(t.Context())
@@ -545,8 +546,18 @@ func TestWorkerFailureIsBounded(t *testing.T) {
 		require.Zero(t, n, "left alone while its process is alive")
 
 		// The process dies: its session ends, and the lock with it, as soon
-		// as the server has seen the connection close.
+		// as the server has seen the connection close. Another session takes
+		// the key's lock at once (any login may: the key shows in pg_locks),
+		// which keeps nothing alive: the key is live only in the session
+		// that registered it.
+		squatter := b.db.Session(t)
+		squatted := make(chan error, 1)
+		go func() {
+			_, err := squatter.Exec(context.Background(), "SELECT pg_advisory_lock($1)", int64(key))
+			squatted <- err
+		}()
 		require.NoError(t, live.Close(t.Context()))
+		require.NoError(t, <-squatted)
 		require.Eventually(t, func() bool {
 			n, err := w.RunOnce(t.Context())
 			require.NoError(t, err)

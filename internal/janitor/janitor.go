@@ -244,7 +244,7 @@ func (j *Janitor) tendHotParts(ctx context.Context) error {
 
 // RunOnce tends the key ledger (merges a sealed hot part into its slot,
 // rotates the generations if a rotation is due, seals the hot part if it
-// has grown), then deletes, batch after batch, every row past its
+// has grown), forgets the session keys of ended processes, then deletes, batch after batch, every row past its
 // retention, and returns how many of each kind it deleted. Between two batches it pauses as long as the last one
 // took. It stops between batches when ctx ends. A rotation that fails (its
 // locks were not free at once) is logged and tried again the next time.
@@ -268,6 +268,10 @@ func (j *Janitor) RunOnce(ctx context.Context) (Result, error) {
 		j.logger.Warn("key ledger: sealing the hot part failed, trying again at the next cleanup", slog.String("error", err.Error()))
 	case sealed:
 		j.logger.Info("key ledger: hot part sealed, to be merged into its slot")
+	}
+	// The session keys of processes that have ended (one a process start).
+	if _, err := j.queries.InboxSessionsForget(ctx, j.pool); err != nil {
+		return Result{}, fmt.Errorf("forget ended sessions: %w", err)
 	}
 	retention, dead := j.cfg.Retention.Seconds(), j.cfg.DeadRetention.Seconds()
 	// Rows stored before the ledger started are the only record of their

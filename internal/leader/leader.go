@@ -4,13 +4,15 @@
 // the gauges read from the database, which would count each row once per
 // replica if every replica exported them.
 //
-// The leader is the process whose session holds an advisory lock, one per
-// schema. The lock goes with the session: when the leader dies, PostgreSQL
-// ends its session at once; when it is frozen (a VM pause, SIGSTOP: its
-// sockets stay open), the session stops pinging and PostgreSQL ends it
-// after IdleLimit (idle_session_timeout). Another process takes the lock
-// at its next try, every Interval. A process that loses its session stops
-// its tasks before it tries again.
+// The leader is the process whose session key (pgsession.SessionKey) the
+// schema's inbox_leader row names. The key is live while the process's
+// leader session holds it: when the leader dies, PostgreSQL ends its
+// session at once; when it is frozen (a VM pause, SIGSTOP: its sockets
+// stay open), the session stops pinging and PostgreSQL ends it after
+// IdleLimit (idle_session_timeout). Another process takes the row over at
+// its next try, every Interval. A process that loses its session stops its
+// tasks before it tries again. Only the service's roles may write the
+// row: no other login of the database can take the lead, or hold it.
 //
 // The tasks are each safe to run in two processes at once (each of their
 // statements is), so a leader that wakes from a freeze to find its session
@@ -19,6 +21,7 @@ package leader
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"strconv"
 	"sync"
@@ -46,6 +49,7 @@ const IdleLimit = 5 * time.Second
 type Elector struct {
 	connConfig *pgx.ConnConfig
 	logger     *slog.Logger
+	key        *pgsession.SessionKey
 	held       atomic.Bool
 }
 
@@ -55,7 +59,7 @@ func New(connConfig *pgx.ConnConfig, logger *slog.Logger) *Elector {
 	cc := connConfig.Copy()
 	cc.RuntimeParams["idle_session_timeout"] = strconv.FormatInt(IdleLimit.Milliseconds(), 10)
 	pgsession.CloseOnContextEnd(cc)
-	return &Elector{connConfig: cc, logger: logger.With(slog.String("component", "leader"))}
+	return &Elector{connConfig: cc, logger: logger.With(slog.String("component", "leader")), key: pgsession.NewSessionKey()}
 }
 
 // Held reports whether this process leads. It is safe on a nil Elector,
@@ -75,18 +79,23 @@ func (e *Elector) Run(ctx context.Context, tasks ...func(ctx context.Context)) {
 	})
 }
 
-// session opens the lock session and holds it until it fails or ctx ends,
-// running tasks while it holds the lock.
+// session opens the leader session, takes the session key and tries for
+// the lead every Interval (the leader's try is its ping), until the session
+// fails or ctx ends, running tasks while it leads.
 func (e *Elector) session(ctx context.Context, tasks []func(context.Context)) error {
 	conn, err := pgsession.Connect(ctx, e.connConfig)
 	if err != nil {
 		return err
 	}
 	defer pgsession.Close(ctx, conn)
+	if err := e.key.Take(ctx, conn); err != nil {
+		return err
+	}
+	defer e.key.Release()
 	var wg sync.WaitGroup
 	leadCtx, stop := context.WithCancel(ctx)
 	defer func() {
-		// Every task has returned before the session closes and the lock
+		// Every task has returned before the session closes and the lead
 		// goes to another process.
 		stop()
 		wg.Wait()
@@ -98,31 +107,24 @@ func (e *Elector) session(ctx context.Context, tasks []func(context.Context)) er
 	tick := time.NewTicker(Interval)
 	defer tick.Stop()
 	for {
-		if e.held.Load() {
-			pingCtx, cancel := context.WithTimeout(ctx, Interval)
-			err := conn.Ping(pingCtx)
-			cancel()
-			if err != nil {
-				if ctx.Err() != nil {
-					return nil
-				}
-				return err
+		tryCtx, cancel := context.WithTimeout(ctx, Interval)
+		leads, err := q.LeaderTake(tryCtx, conn, e.key.Key())
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case err != nil:
+			return err
+		case leads && !e.held.Load():
+			e.held.Store(true)
+			e.logger.Info("this process leads: it runs the maintenance and exports the database gauges")
+			for _, task := range tasks {
+				wg.Go(startstop.Guard(func() { task(leadCtx) }))
 			}
-		} else {
-			held, err := q.LeaderTryLock(ctx, conn)
-			if err != nil {
-				if ctx.Err() != nil {
-					return nil
-				}
-				return err
-			}
-			if held {
-				e.held.Store(true)
-				e.logger.Info("this process leads: it runs the maintenance and exports the database gauges")
-				for _, task := range tasks {
-					wg.Go(startstop.Guard(func() { task(leadCtx) }))
-				}
-			}
+		case !leads && e.held.Load():
+			// Only if the key stopped being live while the session held
+			// it, which PostgreSQL does not do: stop, and start again.
+			return errors.New("another process took the lead while this one held it")
 		}
 		select {
 		case <-ctx.Done():
