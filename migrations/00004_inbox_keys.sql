@@ -112,7 +112,7 @@ BEGIN
                        'inbox_keys_' || slot, slot);
     END LOOP;
     -- The hot parts. Their rows leave by TRUNCATE within hours, so vacuum
-    -- need not visit them (inbox_analyze gives them statistics).
+    -- need not visit them (inbox_keys_analyze_parts gives them statistics).
     FOR part IN 8..9 LOOP
         EXECUTE format('CREATE TABLE %I PARTITION OF inbox_keys FOR VALUES IN (%s) WITH (autovacuum_enabled = false)',
                        'inbox_keys_' || part, part);
@@ -426,3 +426,52 @@ BEGIN
 END;
 $$;
 -- +goose StatementEnd
+
+-- inbox_keys_analyze_parts gives each hot part statistics once it holds some
+-- keys (100 pages), if it has none, and returns how many it analyzed; the
+-- janitors call it. Without statistics the planner takes 1 in 200 of a
+-- part's keys to match each id probed, which pushed each ingest statement
+-- over JIT's threshold (45 ms of compilation a statement). A part's ids are
+-- all distinct, and its statistics say so once (n_distinct -1): they stay
+-- through its TRUNCATEs and scale with its size. Autovacuum is off on the
+-- parts, so it runs ANALYZE itself; ANALYZE needs the owner's right, so it
+-- runs as the owner (SECURITY DEFINER), names catalog objects in full, and
+-- its search_path is pinned below to this schema then pg_temp, and it is kept
+-- from PUBLIC.
+-- +goose StatementBegin
+CREATE FUNCTION inbox_keys_analyze_parts() RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path FROM CURRENT
+AS $$
+DECLARE
+    p        smallint;
+    part     text;
+    analyzed integer := 0;
+BEGIN
+    FOR p IN SELECT h.part FROM inbox_key_hot_parts h ORDER BY h.part LOOP
+        part := 'inbox_keys_' || p;
+        IF pg_catalog.pg_relation_size(pg_catalog.format('%I.%I', pg_catalog.current_schema(), part)::pg_catalog.regclass)
+               >= 100 * pg_catalog.current_setting('block_size')::bigint
+           AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stats s
+                           WHERE s.schemaname = pg_catalog.current_schema() AND s.tablename = part
+                             AND s.attname = 'message_id') THEN
+            EXECUTE pg_catalog.format('ANALYZE %I.%I', pg_catalog.current_schema(), part);
+            analyzed := analyzed + 1;
+        END IF;
+    END LOOP;
+    RETURN analyzed;
+END;
+$$;
+-- +goose StatementEnd
+-- Pinned here, in the migration that creates it: this schema, then pg_temp,
+-- never a caller's temporary objects first; and no PUBLIC execute right
+-- (inbox_grant_roles grants it by name).
+-- +goose StatementBegin
+DO $$
+BEGIN
+    EXECUTE format('ALTER FUNCTION inbox_keys_analyze_parts() SET search_path = %I, pg_temp', current_schema());
+END;
+$$;
+-- +goose StatementEnd
+REVOKE ALL ON FUNCTION inbox_keys_analyze_parts() FROM PUBLIC;

@@ -248,21 +248,11 @@ EXECUTE FUNCTION stock_level_check();
 --   COMMIT;
 --
 -- Like the lock functions, its statements are planned at each call
--- (plan_cache_mode), for the tables as they are. They read stock_moves by
--- index only (enable_seqscan and enable_bitmapscan off, for this function
--- alone): the moves it folds are a few live ones among the folded moves a
--- held snapshot keeps, which a sequential scan or a join over the whole
--- index reads at every fold. Planned freely, under a snapshot held while
--- 12,000 orders ended, 300 orders' folds read 2,695 index entries of
--- stock_moves against 79 with no snapshot held
--- (TestAHeldSnapshotDoesNotGrowWhatAnOrderReads); with these settings, as
--- many held as clean.
+-- (plan_cache_mode), for the tables as they are.
 -- +goose StatementBegin
 CREATE FUNCTION stock_fold(skus text[] DEFAULT NULL, max_skus integer DEFAULT 10000) RETURNS integer
 LANGUAGE plpgsql
 SET plan_cache_mode = force_custom_plan
-SET enable_seqscan = off
-SET enable_bitmapscan = off
 AS $$
 DECLARE
     previous_timeout text := current_setting('lock_timeout');
@@ -311,23 +301,19 @@ BEGIN
     -- owner's SELECT … FOR UPDATE) is not waited for while this holds
     -- stock rows that batches wait for: it stays, under folded_through,
     -- where nothing reads it.
-    -- A SKU at a time, each delete one range of the primary key: joined
-    -- to the list of SKUs, the planner merged it with the whole index.
     BEGIN
         PERFORM set_config('lock_timeout', '100ms', true);
-        FOR i IN 1..coalesce(n, 0) LOOP
-            DELETE FROM stock_moves m
-            WHERE m.sku = folded_skus[i] AND m.id > previous[i] AND m.id <= through[i];
-        END LOOP;
+        DELETE FROM stock_moves m
+        USING unnest(folded_skus, previous, through) AS f(sku, previous, through)
+        WHERE m.sku = f.sku AND m.id > f.previous AND m.id <= f.through;
         PERFORM set_config('lock_timeout', previous_timeout, true);
     EXCEPTION WHEN lock_not_available THEN
         -- The block is rolled back: its deletes, and lock_timeout.
-        FOR i IN 1..coalesce(n, 0) LOOP
-            DELETE FROM stock_moves m WHERE m.ctid = ANY (ARRAY(
-                SELECT x.ctid FROM stock_moves x
-                WHERE x.sku = folded_skus[i] AND x.id > previous[i] AND x.id <= through[i]
-                FOR UPDATE OF x SKIP LOCKED));
-        END LOOP;
+        DELETE FROM stock_moves m WHERE m.ctid = ANY (ARRAY(
+            SELECT x.ctid FROM stock_moves x
+            JOIN unnest(folded_skus, previous, through) AS f(sku, previous, through)
+              ON x.sku = f.sku AND x.id > f.previous AND x.id <= f.through
+            FOR UPDATE OF x SKIP LOCKED));
     END;
     RETURN n;
 END;
@@ -348,15 +334,12 @@ $$;
 -- Its statements are planned at each call (plan_cache_mode), for the tables
 -- as they are: a plan kept from when stock was a few pages scanned it whole,
 -- and nothing replans it without ANALYZE (8 to 15 ms a call once the table
--- had grown, most of the handler's time). It reads stock_moves by index
--- only, as stock_fold does and for the same reason.
+-- had grown, most of the handler's time).
 -- +goose StatementBegin
 CREATE FUNCTION stock_lock(skus text[], wait_ms integer)
 RETURNS TABLE (sku text, available integer)
 LANGUAGE plpgsql
 SET plan_cache_mode = force_custom_plan
-SET enable_seqscan = off
-SET enable_bitmapscan = off
 AS $$
 DECLARE
     previous text := current_setting('lock_timeout');

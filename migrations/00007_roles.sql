@@ -40,55 +40,6 @@ END;
 $$;
 -- +goose StatementEnd
 
--- inbox_analyze gives fresh statistics to each table of this schema whose
--- rows have changed more since its last ANALYZE than autovacuum would let
--- pass (50 rows and a tenth of the table, autovacuum's own default), and
--- returns the tables it analyzed. The leader's janitor calls it every few
--- seconds, so that the planner knows the tables as they are where
--- autovacuum does not analyze them: on a server that runs without it, on
--- the key ledger's hot parts (autovacuum is off on them: they are emptied
--- by TRUNCATE), and in the minute before it comes round to a table that
--- grew fast. ANALYZE also replans every kept plan that reads the table.
--- Where autovacuum keeps up it finds nothing to do.
---
--- ANALYZE takes the owner's right, so it runs as the owner (SECURITY
--- DEFINER), analyzes only this schema's tables, names catalog objects in
--- full, its search_path is pinned below to this schema then pg_temp, and
--- it is kept from PUBLIC.
--- +goose StatementBegin
-CREATE FUNCTION inbox_analyze() RETURNS text[]
-LANGUAGE plpgsql
-SECURITY DEFINER
-SET search_path FROM CURRENT
-AS $$
-DECLARE
-    t        pg_catalog.regclass;
-    analyzed text[] := '{}';
-BEGIN
-    FOR t IN
-        SELECT s.relid::pg_catalog.regclass
-        FROM pg_catalog.pg_stat_user_tables s
-        JOIN pg_catalog.pg_class c ON c.oid = s.relid
-        WHERE s.schemaname = pg_catalog.current_schema() AND c.relkind = 'r'
-          AND s.n_mod_since_analyze > 50 + 0.1 * GREATEST(c.reltuples, 0)
-        ORDER BY s.relid
-    LOOP
-        EXECUTE pg_catalog.format('ANALYZE %s', t);
-        analyzed := analyzed || t::text;
-    END LOOP;
-    RETURN analyzed;
-END;
-$$;
--- +goose StatementEnd
--- +goose StatementBegin
-DO $$
-BEGIN
-    EXECUTE format('ALTER FUNCTION inbox_analyze() SET search_path = %I, pg_temp', current_schema());
-END;
-$$;
--- +goose StatementEnd
-REVOKE ALL ON FUNCTION inbox_analyze() FROM PUBLIC;
-
 -- The functions only the keeper may call; the two that run as their owner
 -- are pinned and closed where they are created.
 REVOKE ALL ON FUNCTION claim_floor_raise(regclass, regclass, text, bigint, text[]) FROM PUBLIC;
@@ -218,7 +169,7 @@ BEGIN
                        pg_get_serial_sequence('inbox', 'id'), pg_get_serial_sequence('outbox', 'id'));
         GRANT EXECUTE ON FUNCTION claim_floor_raise(regclass, regclass, text, bigint, text[]),
                                   inbox_claim_floor_raise(bigint, text[]), outbox_claim_floor_raise(bigint, text[]),
-                                  claim_floor_lower(text, bigint), inbox_analyze()
+                                  claim_floor_lower(text, bigint), inbox_keys_analyze_parts()
             TO inbox_service;
         granted := granted || 'inbox_service'::text;
     END IF;

@@ -134,11 +134,11 @@ SELECT coalesce(inbox_keys_merge(sqlc.arg(max_bytes)::bigint), -1)::bigint AS me
 -- slot, and reports whether it did (see inbox_keys_empty).
 SELECT inbox_keys_empty()::boolean AS emptied;
 
--- name: JanitorAnalyze :one
--- JanitorAnalyze gives fresh statistics to the schema's tables whose rows
--- have changed by more than autovacuum's threshold since their last
--- ANALYZE, and returns their names (see inbox_analyze).
-SELECT inbox_analyze()::text[] AS analyzed;
+-- name: JanitorAnalyzeKeys :one
+-- JanitorAnalyzeKeys gives the key ledger's hot parts statistics once they
+-- hold some keys, and returns how many it analyzed (see
+-- inbox_keys_analyze_parts).
+SELECT inbox_keys_analyze_parts()::integer AS analyzed;
 
 -- name: JanitorKeysCoverWindow :one
 -- JanitorKeysCoverWindow reports whether the key ledger has remembered

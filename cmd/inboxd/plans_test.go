@@ -10,8 +10,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/orderconfirm/inboxd/internal/janitor"
 	"github.com/orderconfirm/inboxd/internal/loadgen"
+	"github.com/orderconfirm/inboxd/internal/pipeline"
 )
 
 // tableReads is what the statements of every session read of one table:
@@ -113,14 +113,13 @@ func (b *e2eBundle) awaitEvents(t *testing.T, n int, timeout time.Duration) {
 }
 
 // The service's statements, whose plans its pools keep (pipeline.KeepPlans),
-// must not read the tables whole once they have grown, on a server whose
-// autovacuum never analyzes them (this one: it is off in CI), with no
-// planner setting of the service's own: inboxd handles orders on an empty
-// schema, the tables grow by 100,000 rows of history each, and the next
-// orders, cancellations among them, read about what they read before, not
-// the history. The leader's janitor analyzes the grown tables, which
-// replans the kept plans. Before stock_reservations_by_sku_idx the
-// cancellations read every reservation: 7.1 million index entries, or
+// must not read the tables whole once they have grown, on a server that
+// never analyzes them (this one: autovacuum is off in CI, and nothing else
+// runs ANALYZE): inboxd handles orders on an empty schema, the tables grow
+// by 100,000 rows of history each, and the next orders, cancellations
+// among them, read about what they read before, not the history. Before
+// stock_reservations_by_sku_idx and enable_seqscan=off (see pipeline.ConfigureSession)
+// the cancellations read every reservation: 7.1 million index entries, or
 // 608,547 rows by sequential scans, for 300 orders.
 func TestStatementsReadIndexesOnceTheTablesHaveGrown(t *testing.T) {
 	t.Parallel()
@@ -156,13 +155,13 @@ func TestStatementsReadIndexesOnceTheTablesHaveGrown(t *testing.T) {
 		require.NoError(t, err, q)
 	}
 
-	// The janitor analyzes the grown tables within
-	// janitor.StatisticsInterval. A backend reports what its statements
-	// read once it has been idle for 10 seconds at most, and when it ends:
-	// wait that long for inboxd's sessions to report the rounds before,
-	// then stop inboxd to count the next one. The claim floors rise past
-	// the history meanwhile, as they do within a second of a batch.
-	time.Sleep(max(janitor.StatisticsInterval, 10*time.Second) + time.Second)
+	// inboxd's connections keep their plans for pipeline.ReplanEvery at
+	// most. A backend reports what its statements read once it has been
+	// idle for 10 seconds at most, and when it ends: wait that long for
+	// inboxd's sessions to report the rounds before, then stop inboxd to
+	// count the next one. The claim floors rise past the history meanwhile,
+	// as they do within a second of a batch.
+	time.Sleep(max(pipeline.ReplanEvery, 10*time.Second) + time.Second)
 	reads := b.readsWhile(t, p, func() { publish(3) })
 
 	for table, r := range reads {

@@ -9,16 +9,16 @@ import (
 	"context"
 )
 
-const janitorAnalyze = `-- name: JanitorAnalyze :one
-SELECT inbox_analyze()::text[] AS analyzed
+const janitorAnalyzeKeys = `-- name: JanitorAnalyzeKeys :one
+SELECT inbox_keys_analyze_parts()::integer AS analyzed
 `
 
-// JanitorAnalyze gives fresh statistics to the schema's tables whose rows
-// have changed by more than autovacuum's threshold since their last
-// ANALYZE, and returns their names (see inbox_analyze).
-func (q *Queries) JanitorAnalyze(ctx context.Context, db DBTX) ([]string, error) {
-	row := db.QueryRow(ctx, janitorAnalyze)
-	var analyzed []string
+// JanitorAnalyzeKeys gives the key ledger's hot parts statistics once they
+// hold some keys, and returns how many it analyzed (see
+// inbox_keys_analyze_parts).
+func (q *Queries) JanitorAnalyzeKeys(ctx context.Context, db DBTX) (int32, error) {
+	row := db.QueryRow(ctx, janitorAnalyzeKeys)
+	var analyzed int32
 	err := row.Scan(&analyzed)
 	return analyzed, err
 }

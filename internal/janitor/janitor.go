@@ -17,7 +17,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -149,12 +148,8 @@ func (j *Janitor) Start(ctx context.Context) error {
 	return j.service.Start(ctx, func(fetchCtx, _ context.Context) { j.Run(fetchCtx) })
 }
 
-// Run runs a cleanup at once and then every Interval, and keeps the
-// tables' statistics (Analyze, every StatisticsInterval), until ctx ends.
+// Run runs a cleanup at once and then every Interval, until ctx ends.
 func (j *Janitor) Run(ctx context.Context) {
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	wg.Go(startstop.Guard(func() { j.keepStatistics(ctx) }))
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	failures := retry.Failures{Policy: retry.Policy{Base: time.Second, Max: j.cfg.Interval}}
@@ -180,34 +175,6 @@ func (j *Janitor) Run(ctx context.Context) {
 	}
 }
 
-// StatisticsInterval is how often the janitor looks for tables whose
-// statistics are stale (see Analyze).
-const StatisticsInterval = 2 * time.Second
-
-// Analyze gives fresh statistics to the tables of the schema whose rows
-// have changed more since their last ANALYZE than autovacuum would let
-// pass, and returns their names (inbox_analyze in the migrations). The
-// planner then knows the tables as they are, and replans the kept plans
-// that read them, also where autovacuum does not run: the service sets no
-// planner setting of its own.
-func (j *Janitor) Analyze(ctx context.Context) ([]string, error) {
-	return j.queries.JanitorAnalyze(ctx, j.pool)
-}
-
-// keepStatistics runs Analyze every StatisticsInterval until ctx ends.
-func (j *Janitor) keepStatistics(ctx context.Context) {
-	for retry.Sleep(ctx, StatisticsInterval) {
-		switch tables, err := j.Analyze(ctx); {
-		case err != nil && ctx.Err() != nil:
-			return
-		case err != nil:
-			j.logger.Warn("analyzing the tables failed, trying again", slog.String("error", err.Error()))
-		case len(tables) > 0:
-			j.logger.Debug("tables analyzed", slog.Any("tables", tables))
-		}
-	}
-}
-
 // Stop ends the cleanup in progress between two batches and waits for it.
 func (j *Janitor) Stop(ctx context.Context) {
 	j.service.StopOrLog(ctx, j.logger)
@@ -215,7 +182,8 @@ func (j *Janitor) Stop(ctx context.Context) {
 
 // tendHotParts moves the key ledger's sealed hot part into its slot and
 // empties it (migrations/00004_inbox_keys.sql), so that a rotation or a seal
-// finds the other part empty. The merge goes a range of buckets at a time, each its own
+// finds the other part empty, and gives a grown part statistics if it has
+// none. The merge goes a range of buckets at a time, each its own
 // transaction, pausing between two as long as the last took. A part that
 // cannot be emptied at once (a statement reads it) is logged and emptied
 // at a later cleanup; its keys are in their slot meanwhile.
@@ -233,6 +201,14 @@ func (j *Janitor) tendHotParts(ctx context.Context) error {
 	}
 	if err := empty(); err != nil {
 		return err
+	}
+	switch analyzed, err := j.queries.JanitorAnalyzeKeys(ctx, j.pool); {
+	case err != nil && ctx.Err() != nil:
+		return ctx.Err()
+	case err != nil:
+		j.logger.Warn("key ledger: analyzing the hot parts failed, trying again at the next cleanup", slog.String("error", err.Error()))
+	case analyzed > 0:
+		j.logger.Info("key ledger: hot parts analyzed", slog.Int("parts", int(analyzed)))
 	}
 	started := time.Now()
 	merged, ranges := int64(0), 0

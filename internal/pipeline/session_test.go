@@ -6,15 +6,16 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/orderconfirm/inboxd/internal/pipeline"
 	"github.com/orderconfirm/inboxd/internal/testenv"
 )
 
-// The relay's claim, on a schema that nobody vacuums, after 20,000 events
-// have been published and the janitor has analyzed the outbox: on a
-// session set up by ConfigureSession it reads the open rows' index in order, marking
+// The relay's claim, on a schema that nobody vacuums or analyzes, after
+// 20,000 events have been published: on a session set up by
+// ConfigureSession it reads the open rows' index in order, marking
 // the entries of published rows dead as it passes, so that the next claim
 // reads a handful of pages instead of every one of them again.
 func TestClaimsStayCheapWithoutVacuum(t *testing.T) {
@@ -38,8 +39,6 @@ func TestClaimsStayCheapWithoutVacuum(t *testing.T) {
 			  AND backend_xmin::text::bigint <= $1`, updated) == 0
 	}, time.Minute, 50*time.Millisecond, "a transaction older than the update is still open")
 
-	// The leader's janitor analyzes the grown table within seconds.
-	db.Exec(t, "SELECT inbox_analyze()")
 	conn := db.SessionWith(t, pipeline.ConfigureSession)
 
 	// The candidates of OutboxClaimBatch.
@@ -71,4 +70,39 @@ func TestClaimsStayCheapWithoutVacuum(t *testing.T) {
 	require.Eventually(t, func() bool { later = buffers(); return later < 100 }, 30*time.Second, 100*time.Millisecond,
 		"the claims after the first skip the entries it marked dead (it read %d pages)", first)
 	t.Logf("claim over 20,000 published rows: %d pages, then %d", first, later)
+}
+
+// A pool set up by KeepPlans prepares each statement once on a connection
+// and keeps it, and drops every statement of a connection whose plans are
+// older than it keeps them for when the pool hands the connection out.
+func TestPoolsKeepPlansForAWhile(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	ctx := t.Context()
+	pc, err := pgxpool.ParseConfig(db.URL)
+	require.NoError(t, err)
+	pc.MaxConns = 1
+	pipeline.ConfigureSession(pc.ConnConfig)
+	const keep = 300 * time.Millisecond
+	pipeline.KeepPlansFor(pc, keep)
+	pool, err := pgxpool.NewWithConfig(ctx, pc)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+
+	// The statements prepared on the pool's one connection, this one
+	// included.
+	prepared := func() int {
+		var n int
+		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM pg_prepared_statements WHERE $1::int = 1", 1).Scan(&n))
+		return n
+	}
+	started := time.Now()
+	require.Equal(t, 1, prepared())
+	_, err = pool.Exec(ctx, "SELECT $1::int", 1)
+	require.NoError(t, err)
+	if n := prepared(); time.Since(started) < keep {
+		require.Equal(t, 2, n, "both statements are kept")
+	}
+	time.Sleep(keep)
+	require.Equal(t, 1, prepared(), "the connection's statements were dropped, and this one prepared again")
 }
