@@ -27,24 +27,42 @@ type rightsRow struct {
 	rights  map[string]string
 }
 
+// docTable returns the cells of each row of the table between docs/doc's
+// "<!-- name: begin -->" and "<!-- name: end -->" markers, under its header,
+// failing the test on a row that has not columns cells.
+func docTable(t *testing.T, doc, name string, columns int) [][]string {
+	t.Helper()
+	text, err := os.ReadFile("../../docs/" + doc)
+	require.NoError(t, err)
+	_, rest, ok := strings.Cut(string(text), "<!-- "+name+": begin -->\n")
+	require.True(t, ok, "docs/%s has the %s table's begin marker", doc, name)
+	table, _, ok := strings.Cut(rest, "<!-- "+name+": end -->")
+	require.True(t, ok, "docs/%s has the %s table's end marker", doc, name)
+	var rows [][]string
+	for _, line := range strings.Split(strings.TrimSpace(table), "\n")[2:] {
+		cells := strings.Split(strings.Trim(line, "| "), " | ")
+		require.Len(t, cells, columns, "a row of the %s table in docs/%s: %s", name, doc, line)
+		rows = append(rows, cells)
+	}
+	return rows
+}
+
+// backquoted returns the names a table cell gives in backquotes.
+func backquoted(cell string) []string {
+	var names []string
+	for _, m := range regexp.MustCompile("`([^`]+)`").FindAllStringSubmatch(cell, -1) {
+		names = append(names, m[1])
+	}
+	return names
+}
+
 // readmeRights reads the rights table between docs/security.md's markers.
 func readmeRights(t *testing.T) []rightsRow {
 	t.Helper()
-	readme, err := os.ReadFile("../../docs/security.md")
-	require.NoError(t, err)
-	_, rest, ok := strings.Cut(string(readme), "<!-- rights: begin -->\n")
-	require.True(t, ok, "docs/security.md has the rights table's begin marker")
-	table, _, ok := strings.Cut(rest, "<!-- rights: end -->")
-	require.True(t, ok, "docs/security.md has the rights table's end marker")
-	names := regexp.MustCompile("`([^`]+)`")
 	var rows []rightsRow
-	for _, line := range strings.Split(strings.TrimSpace(table), "\n")[2:] {
-		cells := strings.Split(strings.Trim(line, "| "), " | ")
-		require.Len(t, cells, 6, "a row of object, kind, three roles and why: %s", line)
+	for _, cells := range docTable(t, "security.md", "rights", 6) {
 		row := rightsRow{definer: strings.Contains(cells[1], "runs as the owner"), rights: map[string]string{}}
-		for _, m := range names.FindAllStringSubmatch(cells[0], -1) {
-			row.objects = append(row.objects, m[1])
-		}
+		row.objects = backquoted(cells[0])
 		if len(row.objects) == 0 {
 			require.Equal(t, otherFunctions, cells[0], "a row names its objects in backquotes")
 		}
