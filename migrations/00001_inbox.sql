@@ -61,10 +61,10 @@ CREATE TABLE inbox (
     -- malformed one (never stored as if it were valid).
     traceparent      text,
     tracestate       text,
-    -- Key of the session advisory lock (pg_advisory_lock(bigint)) the
-    -- claiming process holds while it is up. When the process dies its
-    -- sessions end, the lock goes, and the claim is taken over at once
-    -- rather than after the claim lease. NULL: the lease alone decides.
+    -- The claiming process's session key (inbox_sessions): live while the
+    -- process is up. When the process dies its sessions end, the key is
+    -- live no more, and the claim is taken over at once rather than after
+    -- the claim lease. NULL: the lease alone decides.
     claimed_session  bigint,
     -- The body of the message's reply as its handler gave it (for orders:
     -- the outcome and its reason); the rest of the reply is the row's.

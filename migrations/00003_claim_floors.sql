@@ -29,14 +29,17 @@
 --     floor lock) until its transaction ends; the keeper raises the floor
 --     only while holding the same lock, and reads the floor again once it
 --     has it.
+--   * An audit finds any row left open under a floor and lowers the floor
+--     to it.
 --
--- Both are locks only the service's roles can take: a table's ROW
+-- Both locks are locks only the service's roles can take: a table's ROW
 -- EXCLUSIVE lock needs a right to write it, a row lock a right to update
 -- it. Advisory locks are one namespace for every login of the database,
 -- and pg_locks shows their keys to all: any login could have held one and
--- stalled every insert, or every raise.
---   * An audit finds any row left open under a floor and lowers the floor
---     to it.
+-- stalled every insert, or every raise. Waiting for every writer, not only
+-- inserters, costs a floor a round at most: a writer that stays open (a
+-- relay waiting for confirms, an operator's open UPDATE) holds it back as
+-- an inserter that stays open does.
 --
 -- The floor only ever makes a scan shorter: with no keeper running it stays
 -- where it is and the claims read from there. These are functions and
@@ -333,20 +336,23 @@ $$;
 -- The service's processes, each by a session key: a process's liveness
 -- session (and its leader session, internal/leader) holds the session
 -- advisory lock (pg_advisory_lock(bigint)) of its key while it is up, and
--- registers the key here with its pid. A key is live only while the
--- session that registered it holds its lock: advisory locks are one
--- namespace for every login of the database, and pg_locks shows their
--- keys to all, so a lock alone would let any login keep a dead process's
--- claims, or the lead, alive by taking its key after it. Only the service
--- writes here; the janitor deletes the rows of ended sessions.
+-- registers the key here with its pid and login. A key is live only while
+-- a session of that pid and that login holds its lock: advisory locks are
+-- one namespace for every login of the database, and pg_locks shows their
+-- keys and pids to all, so a lock alone would let any login keep a dead
+-- process's claims, or the lead, alive by taking its key after it (and a
+-- pid alone, by connecting until it is given the dead session's pid).
+-- Only the service writes here; the janitor deletes the rows of ended
+-- sessions.
 CREATE TABLE inbox_sessions (
     session    bigint      PRIMARY KEY,
     pid        integer     NOT NULL,
+    login      oid         NOT NULL DEFAULT to_regrole(quote_ident(session_user::text))::oid,
     started_at timestamptz NOT NULL DEFAULT now()
 );
 
 -- inbox_live_sessions returns the live session keys: those whose lock is
--- held by the session that registered them. A claim whose
+-- held by a session of the pid and login that registered them. A claim whose
 -- inbox.claimed_session is not among them (its process died, and
 -- PostgreSQL ended its sessions and locks) is taken over at once instead
 -- of after the claim lease.
@@ -358,6 +364,7 @@ AS $$
     SELECT s.session
     FROM inbox_sessions s
     JOIN pg_catalog.pg_locks l ON l.pid = s.pid
+    JOIN pg_catalog.pg_stat_activity a ON a.pid = s.pid AND a.usesysid = s.login
     WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted
       AND ((l.classid::bigint << 32) | l.objid::bigint) = s.session
       AND l.database = (SELECT d.oid FROM pg_catalog.pg_database d WHERE d.datname = current_database())

@@ -163,7 +163,7 @@ BEGIN
         GRANT UPDATE (tbl) ON claim_floor_locks TO inbox_service;
         -- Each process registers its session keys, and the janitor deletes
         -- those of ended sessions; the leader's row names the one leading.
-        GRANT INSERT, DELETE, UPDATE (pid, started_at) ON inbox_sessions TO inbox_service;
+        GRANT INSERT, DELETE, UPDATE (pid, login, started_at) ON inbox_sessions TO inbox_service;
         GRANT INSERT, UPDATE (session, since) ON inbox_leader TO inbox_service;
         EXECUTE format('GRANT SELECT ON %s, %s TO inbox_service',
                        pg_get_serial_sequence('inbox', 'id'), pg_get_serial_sequence('outbox', 'id'));

@@ -433,7 +433,7 @@ WITH locked AS (
 )
 INSERT INTO inbox_sessions (session, pid)
 SELECT sqlc.arg(session)::bigint, pg_backend_pid() FROM locked WHERE held
-ON CONFLICT (session) DO UPDATE SET pid = excluded.pid, started_at = now()
+ON CONFLICT (session) DO UPDATE SET pid = excluded.pid, login = excluded.login, started_at = now()
 RETURNING true AS registered;
 
 -- name: InboxSessionsForget :execrows

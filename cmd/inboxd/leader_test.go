@@ -19,8 +19,8 @@ import (
 // Then the new leader is frozen (SIGSTOP): the lead goes back to the first
 // replica, started again, once PostgreSQL has ended the frozen one's
 // quiet session (leader.IdleLimit, 5 s); resumed, the frozen one finds its
-// session gone and follows. At no moment do two processes lead, and every
-// order is handled once.
+// session gone and follows. At each step only the leader exports the
+// database gauges, and every order is handled once.
 func TestTheLeadMovesWhenTheLeaderDiesOrFreezes(t *testing.T) {
 	t.Parallel()
 	b := setupIn(t, testenv.NewDBAlone(t))

@@ -10,20 +10,29 @@ import (
 )
 
 const leaderTake = `-- name: LeaderTake :one
-WITH taken AS (
-    INSERT INTO inbox_leader AS l (session) VALUES ($1::bigint)
+WITH current AS (
+    SELECT l.session, l.session IN (SELECT inbox_live_sessions()) AS live
+    FROM inbox_leader l
+), taken AS (
+    INSERT INTO inbox_leader AS l (session)
+    SELECT $1::bigint
+    WHERE NOT EXISTS (SELECT 1 FROM current c WHERE c.session = $1::bigint OR c.live)
     ON CONFLICT (one) DO UPDATE SET session = excluded.session, since = now()
     WHERE l.session <> excluded.session
       AND l.session NOT IN (SELECT inbox_live_sessions())
     RETURNING l.session
 )
-SELECT coalesce((SELECT session FROM taken), (SELECT session FROM inbox_leader)) = $1::bigint AS leads
+SELECT coalesce(coalesce((SELECT session FROM taken), (SELECT session FROM current)) = $1::bigint,
+                false)::boolean AS leads
 `
 
-// LeaderTake makes the session key the leader's if the leader's row names
-// none yet or a key no longer live (its session ended), and returns
-// whether the key leads. The caller's session must hold the key
-// (InboxHoldLiveness). The leader calls it too, as its ping.
+// LeaderTake returns whether the session key leads, making it the leader's
+// first if the leader's row names none yet or a key no longer live (its
+// session ended). The caller's session must hold the key
+// (InboxHoldLiveness). The leader calls it too, as its ping: while the row
+// names a live key it only reads, so a slow commit (a lagging synchronous
+// standby) never makes a ping wait.
+// (No row at all: another replica's first insert met this one's; try again.)
 func (q *Queries) LeaderTake(ctx context.Context, db DBTX, session int64) (bool, error) {
 	row := db.QueryRow(ctx, leaderTake, session)
 	var leads bool

@@ -208,6 +208,7 @@ type InboxReplyRequest struct {
 type InboxSession struct {
 	Session   int64
 	Pid       int32
+	Login     pgtype.Uint32
 	StartedAt time.Time
 }
 
