@@ -105,6 +105,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 
 	switch args[0] {
 	case "migrate":
+		// goose's lock is a session-level advisory lock, and the
+		// migration's timeouts are session settings.
+		if err := requireSessionPooling(ctx, cfg); err != nil {
+			return err
+		}
 		return migrateUp(ctx, cfg, logger)
 	case "redeliver-unroutable":
 		moved, left, err := broker.RedeliverUnroutable(ctx, cfg.amqpURL)

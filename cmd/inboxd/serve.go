@@ -50,19 +50,49 @@ func migrateUp(ctx context.Context, cfg *config, logger *slog.Logger) error {
 // pg_terminate_backend): past it, serve exits with the error.
 const schemaRetryFor = 30 * time.Second
 
-// readySchema migrates the schema (INBOX_MIGRATE) or checks that it is
-// migrated, trying again while the database ends the session it runs on.
-// Any other error, a database that refuses connections included, ends it
-// at once.
+// errPooledPerTransaction is inboxd's refusal of a database connection
+// pooled per transaction or statement.
+var errPooledPerTransaction = errors.New("the database connection is pooled per transaction (PgBouncer pool_mode=transaction or statement); " +
+	"inboxd needs session pooling or a direct connection: see docs/failure-handling.md")
+
+// requireSessionPooling returns errPooledPerTransaction when the
+// connections of DATABASE_URL may be given another server session between
+// transactions (pgsession.DetectPooling). inboxd's sessions hold what a
+// session holds: LISTEN for the wake-ups, session-level advisory locks
+// (the liveness keys, goose's migration lock), the settings set after
+// connecting (synchronous_commit, the timeouts, search_path) and the
+// prepared statements whose plans the pools keep. Pooled per transaction,
+// each of those would stay on a server session other clients then use, or
+// be missing from the one a statement runs on.
+func requireSessionPooling(ctx context.Context, cfg *config) error {
+	cc := cfg.dbConfig.ConnConfig.Copy()
+	cc.RuntimeParams["application_name"] += " pooling probe"
+	pooling, err := pgsession.DetectPooling(ctx, cc)
+	if err != nil {
+		return fmt.Errorf("tell how the database connection is pooled: %w", err)
+	}
+	if pooling != pgsession.PooledPerSession {
+		return errPooledPerTransaction
+	}
+	return nil
+}
+
+// readySchema checks that the database connection is not pooled per
+// transaction (requireSessionPooling), then migrates the schema
+// (INBOX_MIGRATE) or checks that it is migrated, trying again while the
+// database ends the session it runs on. Any other error, a database that
+// refuses connections included, ends it at once.
 func readySchema(ctx context.Context, cfg *config, logger *slog.Logger) error {
 	failures := retry.Failures{Policy: retry.Session}
 	deadline := time.Now().Add(schemaRetryFor)
 	for {
-		var err error
-		if cfg.migrate {
-			err = migrateUp(ctx, cfg, logger)
-		} else {
-			err = migrate.Check(ctx, cfg.dbConfig.ConnConfig)
+		err := requireSessionPooling(ctx, cfg)
+		if err == nil {
+			if cfg.migrate {
+				err = migrateUp(ctx, cfg, logger)
+			} else {
+				err = migrate.Check(ctx, cfg.dbConfig.ConnConfig)
+			}
 		}
 		if err == nil || !sessionEnded(err) || time.Now().After(deadline) {
 			return err
@@ -176,8 +206,9 @@ func flushSpans(tp *tracing.Provider, logger *slog.Logger) {
 }
 
 // prepare readies what serve needs before it opens anything: Go's memory
-// limit, the schema (migrated, or checked when INBOX_MIGRATE is false) and
-// the broker's topology.
+// limit, the schema (migrated, or checked when INBOX_MIGRATE is false) on
+// a connection that is not pooled per transaction, and the broker's
+// topology.
 func prepare(ctx context.Context, cfg *config, logger *slog.Logger) error {
 	if cfg.goMemLimit == "" {
 		// The bodies in flight are bounded by bytes; the garbage each large
