@@ -376,15 +376,29 @@ func readGauges(ctx context.Context, url string) (reading, error) {
 			continue
 		}
 		series, value, ok := strings.Cut(line, " ")
-		name, _, _ := strings.Cut(series, "{")
+		name, labels, _ := strings.Cut(series, "{")
 		if !ok || !gauges[name] || whenNotWhat(name) || strings.Contains(name, "bytes") ||
 			strings.HasPrefix(name, "go_") || strings.HasPrefix(name, "process_") || strings.Contains(name, "build_info") ||
 			strings.HasPrefix(name, "inboxd_pool_") {
 			continue
 		}
-		rd[series] = []string{value}
+		if labels != "" {
+			labels = "{" + labels
+		}
+		rd[currentMetricName(name)+labels] = []string{value}
 	}
 	return rd, sc.Err()
+}
+
+// currentMetricName is the name a metric has now: builds before every
+// metric was named inboxd_… exported inbox_pending, outbox_backlog and the
+// like, now inboxd_inbox_pending and inboxd_outbox_backlog, so that a
+// build of either kind compares with the other.
+func currentMetricName(name string) string {
+	if strings.HasPrefix(name, "inboxd_") {
+		return name
+	}
+	return "inboxd_" + name
 }
 
 func get(ctx context.Context, url string) ([]byte, error) {

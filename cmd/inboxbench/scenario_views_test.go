@@ -66,3 +66,18 @@ func TestWhenNotWhatGoesByWholeWords(t *testing.T) {
 		}
 	}
 }
+
+func TestCurrentMetricNameReadsAnEarlierBuildsNames(t *testing.T) {
+	for name, want := range map[string]string{
+		"inbox_pending":                  "inboxd_inbox_pending",
+		"outbox_backlog":                 "inboxd_outbox_backlog",
+		"stock_unfolded_age_seconds":     "inboxd_stock_unfolded_age_seconds",
+		"inboxd_inbox_pending":           "inboxd_inbox_pending",
+		"inboxd_events_unroutable":       "inboxd_events_unroutable",
+		"inbox_database_gauges_exporter": "inboxd_inbox_database_gauges_exporter",
+	} {
+		if got := currentMetricName(name); got != want {
+			t.Errorf("currentMetricName(%q) = %q, want %q", name, got, want)
+		}
+	}
+}

@@ -63,7 +63,7 @@ func TestAlertRulesNameMetricsInboxdExports(t *testing.T) {
 			name, _, _ := strings.Cut(sample, "{")
 			exported[name] = true
 		}
-		return samples["inbox_database_gauges_exporter"] == 1
+		return samples["inboxd_inbox_database_gauges_exporter"] == 1
 	}, 30*time.Second, 200*time.Millisecond, "inboxd exports the database gauges")
 	for _, name := range named {
 		require.True(t, exported[name], "alerts.yml names %s, which inboxd does not export", name)

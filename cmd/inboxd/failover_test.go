@@ -73,7 +73,7 @@ func failOver(t *testing.T, synchronous bool) (*e2eBundle, *loadgen.Workload) {
 		_, body := httpGet(t, "http://"+addr+"/readyz")
 		return strings.Contains(body, want)
 	}, 30*time.Second, 100*time.Millisecond, "/readyz: %s", want)
-	require.Equal(t, waits, scrape(t, addr)["inbox_commit_waits_for_standby"])
+	require.Equal(t, waits, scrape(t, addr)["inboxd_inbox_commit_waits_for_standby"])
 	stockUp(t, pool)
 
 	w := loadgen.Generate(loadgen.Spec{Orders: 3000, DuplicateRate: 0.1, Seed: 22})

@@ -136,7 +136,7 @@ func probes(pg *postgresCheck, ingest *ingest.Ingest, relay *outbox.Relay, regis
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{
 		// OpenMetrics, when the scraper asks for it, carries the exemplars
-		// (trace ids) of inbox_end_to_end_seconds.
+		// (trace ids) of inboxd_inbox_end_to_end_seconds.
 		EnableOpenMetrics: true,
 		// Scrapes beyond it get 503 at once rather than pile up; the
 		// database gauges are read once a second whatever their number.
@@ -146,7 +146,7 @@ func probes(pg *postgresCheck, ingest *ingest.Ingest, relay *outbox.Relay, regis
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-		Name: "inbox_commit_waits_for_standby",
+		Name: "inboxd_inbox_commit_waits_for_standby",
 		Help: "1 when the service's commits (and so its acks) wait for a synchronous standby, 0 when for the primary's disk only; read by /readyz's ping.",
 	}, func() float64 {
 		if d, err := pg.check(context.Background()); err == nil && d.waitsForStandby() {

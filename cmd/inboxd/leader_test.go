@@ -36,7 +36,7 @@ func TestTheLeadMovesWhenTheLeaderDiesOrFreezes(t *testing.T) {
 		}
 		return time.Since(since)
 	}
-	exports := func(addr string) float64 { return scrape(t, addr)["inbox_database_gauges_exporter"] }
+	exports := func(addr string) float64 { return scrape(t, addr)["inboxd_inbox_database_gauges_exporter"] }
 	// maintained reports the inbox's claim floor and the stock moves
 	// folded so far.
 	maintained := func() (floor, folded int64) {

@@ -66,7 +66,7 @@ func TestALockedStockRowStallsOnlyItsOrders(t *testing.T) {
 		return b.count(t, `SELECT count(*) FROM inbox WHERE status = 'pending'
 			AND last_error = 'waiting: stock row NSKU-1 locked by another session'`) > 0
 	}, hold/2, 50*time.Millisecond, "an order of the locked SKU waits with its reason")
-	require.Eventually(t, func() bool { return scrape(t, addr)[`inbox_handled_total{outcome="waiting"}`] > 0 },
+	require.Eventually(t, func() bool { return scrape(t, addr)[`inboxd_inbox_handled_total{outcome="waiting"}`] > 0 },
 		hold/2, 50*time.Millisecond, "the waits are counted")
 	time.Sleep(time.Until(lockedAt.Add(hold)))
 

@@ -256,7 +256,7 @@ func holdWhileOthersFlow(t *testing.T, b *e2eBundle, c lockCase, hold time.Durat
 // locked), not by the rows they name: the first wait of the kind at once,
 // then once every 10 s with how many were not logged, and once when the
 // waits for it have ended, with the rest of the count.
-// inbox_handled_total{outcome="waiting"} counts every wait. Once the rows
+// inboxd_inbox_handled_total{outcome="waiting"} counts every wait. Once the rows
 // are free, every order is confirmed. LOCK_TEST_SECONDS sets the stall (8
 // by default; at 60, 12,320 waits made 6 lines and the one that ends
 // them).
@@ -297,7 +297,7 @@ func TestAStallDoesNotFloodTheLog(t *testing.T) {
 	require.Equal(t, len(msgs), b.count(t, "SELECT count(*) FROM order_confirmations WHERE status = 'confirmed'"))
 
 	lines := p.countLines(`"msg":"message waits`)
-	waits := scrape(t, addr)[`inbox_handled_total{outcome="waiting"}`]
+	waits := scrape(t, addr)[`inboxd_inbox_handled_total{outcome="waiting"}`]
 	t.Logf("%v waits, %d log lines", waits, lines)
 	require.Greater(t, waits, float64(len(msgs)), "the orders waited again and again")
 	require.Positive(t, lines, "the wait is logged")

@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -54,7 +55,7 @@ func startServing(t *testing.T, b *e2eBundle, extra ...string) (*process, string
 }
 
 // scrape returns the samples of /metrics by their name and labels as
-// written, e.g. `inbox_handled_total{outcome="dead"}`.
+// written, e.g. `inboxd_inbox_handled_total{outcome="dead"}`.
 func scrape(t *testing.T, addr string) map[string]float64 {
 	t.Helper()
 	status, body := httpGet(t, "http://"+addr+"/metrics")
@@ -72,6 +73,24 @@ func scrape(t *testing.T, addr string) map[string]float64 {
 		samples[line[:i]] = v
 	}
 	return samples
+}
+
+// requireInboxdNames fails the test unless every metric of inboxd's own in
+// samples (as scrape returns them) is named inboxd_…. Go's runtime and
+// process collectors keep their standard go_ and process_ names, which
+// dashboards of any Go service read.
+func requireInboxdNames(t *testing.T, samples map[string]float64) {
+	t.Helper()
+	var others []string
+	for sample := range samples {
+		name, _, _ := strings.Cut(sample, "{")
+		if !strings.HasPrefix(name, "inboxd_") && !strings.HasPrefix(name, "go_") && !strings.HasPrefix(name, "process_") &&
+			!slices.Contains(others, name) {
+			others = append(others, name)
+		}
+	}
+	slices.Sort(others)
+	require.Empty(t, others, "metrics not named inboxd_…")
 }
 
 // Acceptance: /metrics exposes the named metrics with the right counts after
@@ -107,20 +126,20 @@ func TestMetricsAndReadiness(t *testing.T) {
 	require.NoError(t, err)
 
 	want := map[string]float64{
-		"inbox_received_total":                     101,
-		"inbox_duplicates_total":                   25,
-		"inbox_conflicting_duplicates_total":       5,
-		"inbox_dead_lettered_total":                1,
-		`inbox_handled_total{outcome="processed"}`: 103,
-		`inbox_handled_total{outcome="dead"}`:      1,
-		`inbox_handled_total{outcome="retried"}`:   0,
-		"inbox_replays_total":                      3,
-		"outbox_published_total":                   200,
-		"inbox_pending":                            0,
-		"inbox_dead":                               1,
-		"outbox_backlog":                           0,
-		"inbox_database_up":                        1,
-		"inbox_end_to_end_seconds_count":           103,
+		"inboxd_inbox_received_total":                     101,
+		"inboxd_inbox_duplicates_total":                   25,
+		"inboxd_inbox_conflicting_duplicates_total":       5,
+		"inboxd_inbox_dead_lettered_total":                1,
+		`inboxd_inbox_handled_total{outcome="processed"}`: 103,
+		`inboxd_inbox_handled_total{outcome="dead"}`:      1,
+		`inboxd_inbox_handled_total{outcome="retried"}`:   0,
+		"inboxd_inbox_replays_total":                      3,
+		"inboxd_outbox_published_total":                   200,
+		"inboxd_inbox_pending":                            0,
+		"inboxd_inbox_dead":                               1,
+		"inboxd_outbox_backlog":                           0,
+		"inboxd_inbox_database_up":                        1,
+		"inboxd_inbox_end_to_end_seconds_count":           103,
 	}
 	require.Eventually(t, func() bool {
 		got := scrape(t, addr)
@@ -139,20 +158,23 @@ func TestMetricsAndReadiness(t *testing.T) {
 		return strings.Join(out, " ")
 	}())
 	got := scrape(t, addr)
-	require.Positive(t, got["inbox_ingest_batch_size_count"])
+	requireInboxdNames(t, got)
+	_, ok := got[`inboxd_janitor_deleted_total{rows="processed"}`]
+	require.True(t, ok, "the janitor's deletions are exported before its first")
+	require.Positive(t, got["inboxd_inbox_ingest_batch_size_count"])
 	require.Equal(t, 1.0, got[`inboxd_build_info{build="`+testBuild+`"}`], "the build is named")
-	require.Positive(t, got["inbox_handler_batch_seconds_count"])
+	require.Positive(t, got["inboxd_inbox_handler_batch_seconds_count"])
 	// The key ledger's current generation opened when the schema was
 	// migrated, moments ago.
-	age, ok := got["inbox_key_generation_age_seconds"]
+	age, ok := got["inboxd_inbox_key_generation_age_seconds"]
 	require.True(t, ok, "the key ledger's generation age is exported")
 	require.InDelta(t, 60, age, 60)
 	// No hot part of the ledger waits to be merged.
-	waiting, ok := got["inbox_key_hot_part_waiting_seconds"]
+	waiting, ok := got["inboxd_inbox_key_hot_part_waiting_seconds"]
 	require.True(t, ok, "the key ledger's hot part's wait is exported")
 	require.Zero(t, waiting)
 	// The orders' stock moves were folded within the last 30 s, or wait.
-	unfolded, ok := got["stock_unfolded_age_seconds"]
+	unfolded, ok := got["inboxd_stock_unfolded_age_seconds"]
 	require.True(t, ok, "the age of the stock moves not folded yet is exported")
 	require.InDelta(t, 30, unfolded, 30)
 
@@ -164,8 +186,8 @@ func TestMetricsAndReadiness(t *testing.T) {
 	status, _ := httpGet(t, "http://"+addr+"/healthz")
 	require.Equal(t, http.StatusOK, status, "still alive")
 	// The gauges are read at most once a second: the next read says so.
-	require.Eventually(t, func() bool { return scrape(t, addr)["inbox_database_up"] == 0 },
-		10*time.Second, 100*time.Millisecond, "inbox_database_up turns 0")
+	require.Eventually(t, func() bool { return scrape(t, addr)["inboxd_inbox_database_up"] == 0 },
+		10*time.Second, 100*time.Millisecond, "inboxd_inbox_database_up turns 0")
 }
 
 // Acceptance: 500 scrapes, 50 at a time, during a drain of 1,000 orders (200

@@ -308,8 +308,8 @@ func TestTraceFollowsAnOrder(t *testing.T) {
 	require.NoError(t, err)
 	body, _ := io.ReadAll(resp.Body)
 	_ = resp.Body.Close()
-	exemplar := regexp.MustCompile(`(?m)^inbox_end_to_end_seconds_bucket\{.*\} \d+ # \{trace_id="([0-9a-f]{32})"\}`).FindSubmatch(body)
-	require.NotNil(t, exemplar, "an exemplar on inbox_end_to_end_seconds:\n%s", grepLines(body, "inbox_end_to_end_seconds"))
+	exemplar := regexp.MustCompile(`(?m)^inboxd_inbox_end_to_end_seconds_bucket\{.*\} \d+ # \{trace_id="([0-9a-f]{32})"\}`).FindSubmatch(body)
+	require.NotNil(t, exemplar, "an exemplar on inboxd_inbox_end_to_end_seconds:\n%s", grepLines(body, "inboxd_inbox_end_to_end_seconds"))
 	known := map[string]bool{}
 	for _, spanID := range processParent {
 		known[hex.EncodeToString(receiver.bySpanID(spanID).TraceId)] = true

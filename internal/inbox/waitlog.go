@@ -22,7 +22,7 @@ const (
 // at most once every waitLogEvery, with how many were not logged since;
 // once no wait for the reason has come for waitLogEvery, ended says so,
 // with the waits not logged since the last line.
-// inbox_handled_total{outcome="waiting"} counts every one.
+// inboxd_inbox_handled_total{outcome="waiting"} counts every one.
 type waitLog struct {
 	mu      sync.Mutex
 	reasons map[string]*waitLogReason

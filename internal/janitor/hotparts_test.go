@@ -256,7 +256,7 @@ func TestTheJanitorGivesAGrownPartStatistics(t *testing.T) {
 	require.Zero(t, db.Int(t, "SELECT inbox_keys_analyze_parts()"), "once")
 }
 
-// The gauge inbox_key_hot_part_waiting_seconds says how long a part has
+// The gauge inboxd_inbox_key_hot_part_waiting_seconds says how long a part has
 // waited sealed or merged: 0 while none does.
 func TestTheGaugeShowsAPartWaitingToBeMerged(t *testing.T) {
 	t.Parallel()

@@ -17,6 +17,7 @@ import (
 	"github.com/orderconfirm/inboxd/internal/dbsqlc"
 	"github.com/orderconfirm/inboxd/internal/inbox"
 	"github.com/orderconfirm/inboxd/internal/ingest"
+	"github.com/orderconfirm/inboxd/internal/janitor"
 )
 
 // Metrics holds the service's collectors, registered on Registry.
@@ -61,42 +62,42 @@ func New(pool *pgxpool.Pool, logger *slog.Logger, timeout time.Duration, build s
 	m := &Metrics{
 		Registry: prometheus.NewRegistry(),
 		received: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "inbox_received_total", Help: "Deliveries stored as new inbox rows.",
+			Name: "inboxd_inbox_received_total", Help: "Deliveries stored as new inbox rows.",
 		}),
 		duplicates: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "inbox_duplicates_total", Help: "Deliveries whose message id was already in the inbox.",
+			Name: "inboxd_inbox_duplicates_total", Help: "Deliveries whose message id was already in the inbox.",
 		}),
 		conflicts: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "inbox_conflicting_duplicates_total",
+			Name: "inboxd_inbox_conflicting_duplicates_total",
 			Help: "Duplicates whose payload differed from the stored one (recorded in inbox_conflicts; the stored payload is kept).",
 		}),
 		deadLettered: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "inbox_dead_lettered_total", Help: "Deliveries sent to order-confirmation.dlx because they could not be stored.",
+			Name: "inboxd_inbox_dead_lettered_total", Help: "Deliveries sent to order-confirmation.dlx because they could not be stored.",
 		}),
 		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "inbox_ingest_batch_size", Help: "Deliveries per acknowledged ingest batch.",
+			Name: "inboxd_inbox_ingest_batch_size", Help: "Deliveries per acknowledged ingest batch.",
 			Buckets: prometheus.ExponentialBuckets(1, 2, 12),
 		}),
 		outcomes: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "inbox_handled_total", Help: "Handling attempts by outcome: processed, retried or dead; waiting counts the messages put back without an attempt counted (a row they need is held).",
+			Name: "inboxd_inbox_handled_total", Help: "Handling attempts by outcome: processed, retried or dead; waiting counts the messages put back without an attempt counted (a row they need is held).",
 		}, []string{"outcome"}),
 		replays: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "inbox_replays_total", Help: "Replayed messages handled.",
+			Name: "inboxd_inbox_replays_total", Help: "Replayed messages handled.",
 		}),
 		handler: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name: "inbox_handler_batch_seconds", Help: "Time the handler took per work batch.",
+			Name: "inboxd_inbox_handler_batch_seconds", Help: "Time the handler took per work batch.",
 			Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
 		}),
 		endToEnd: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    "inbox_end_to_end_seconds",
+			Name:    "inboxd_inbox_end_to_end_seconds",
 			Help:    "Time from a message's arrival in the inbox to its processed commit; exemplars name the trace_id of sampled messages (OpenMetrics).",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 18),
 		}),
 		published: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "outbox_published_total", Help: "Outbox rows published and confirmed by the broker.",
+			Name: "inboxd_outbox_published_total", Help: "Outbox rows published and confirmed by the broker.",
 		}),
 		janitor: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "janitor_deleted_total", Help: "Rows the janitor deleted past their retention, by what they were.",
+			Name: "inboxd_janitor_deleted_total", Help: "Rows the janitor deleted past their retention, by what they were.",
 		}, []string{"rows"}),
 		repliesIgnored: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "inboxd_reply_requests_ignored_total",
@@ -107,6 +108,12 @@ func New(pool *pgxpool.Pool, logger *slog.Logger, timeout time.Duration, build s
 	m.repliesIgnored.WithLabelValues("user_id")
 	for _, s := range []string{"processed", "retried", "dead"} {
 		m.outcomes.WithLabelValues(s)
+	}
+	// Every kind of row the janitor deletes is exported from the start, at
+	// 0 until it deletes some: increase() sees the first deletions.
+	for _, rows := range []string{janitor.RowsProcessed, janitor.RowsDead, janitor.RowsPublished, janitor.RowsConflicts,
+		janitor.RowsUndeliverable, janitor.RowsReplyRequests} {
+		m.janitor.WithLabelValues(rows)
 	}
 	buildInfo := prometheus.NewGaugeVec(prometheus.GaugeOpts{
 		Name: "inboxd_build_info", Help: "Always 1; the build label names the running build of inboxd.",
@@ -177,19 +184,19 @@ type gauges struct {
 }
 
 var (
-	pendingDesc    = prometheus.NewDesc("inbox_pending", "Messages waiting to be handled (including retries).", nil, nil)
-	deadDesc       = prometheus.NewDesc("inbox_dead", "Messages that will not be retried unless replayed.", nil, nil)
-	oldestDesc     = prometheus.NewDesc("inbox_oldest_pending_age_seconds", "Age of the oldest pending message.", nil, nil)
-	backlogDesc    = prometheus.NewDesc("outbox_backlog", "Events in the outbox not yet published.", nil, nil)
-	outboxDeadDesc = prometheus.NewDesc("outbox_dead", "Events refused for good: not published, holding back their order's later rows, until replayed.", nil, nil)
-	repliesDesc    = prometheus.NewDesc("outbox_replies_unpublished", "Replies to requesters not yet published.", nil, nil)
-	undeliverDesc  = prometheus.NewDesc("outbox_replies_undeliverable", "Replies the broker returned after their attempts: their requester was gone.", nil, nil)
-	keyGenDesc     = prometheus.NewDesc("inbox_key_generation_age_seconds", "Age of the key ledger's current generation: a seventh of INBOX_DEDUPE_WINDOW at most while the janitors rotate it.", nil, nil)
-	hotPartDesc    = prometheus.NewDesc("inbox_key_hot_part_waiting_seconds", "How long a hot part of the key ledger has waited, sealed or merged, to be moved into its slot and emptied (0 when none waits): a minute or so at most while the janitors run.", nil, nil)
-	unfoldedDesc   = prometheus.NewDesc("stock_unfolded_age_seconds", "Age of the oldest stock move not folded into stock.available yet: up to about 30 s while the folds run (longer for a SKU whose row is held at each fold).", nil, nil)
-	upDesc         = prometheus.NewDesc("inbox_database_up", "Whether the last scrape could read the database.", nil, nil)
-	holderDesc     = prometheus.NewDesc("inbox_database_gauges_exporter",
-		"1 in the one process that exports the gauges read from the database, the elected leader (inbox_pending, inbox_dead, inbox_oldest_pending_age_seconds, outbox_backlog, outbox_dead, outbox_replies_unpublished, outbox_replies_undeliverable, inbox_key_generation_age_seconds, inbox_key_hot_part_waiting_seconds, stock_unfolded_age_seconds), 0 in the others.", nil, nil)
+	pendingDesc    = prometheus.NewDesc("inboxd_inbox_pending", "Messages waiting to be handled (including retries).", nil, nil)
+	deadDesc       = prometheus.NewDesc("inboxd_inbox_dead", "Messages that will not be retried unless replayed.", nil, nil)
+	oldestDesc     = prometheus.NewDesc("inboxd_inbox_oldest_pending_age_seconds", "Age of the oldest pending message.", nil, nil)
+	backlogDesc    = prometheus.NewDesc("inboxd_outbox_backlog", "Events in the outbox not yet published.", nil, nil)
+	outboxDeadDesc = prometheus.NewDesc("inboxd_outbox_dead", "Events refused for good: not published, holding back their order's later rows, until replayed.", nil, nil)
+	repliesDesc    = prometheus.NewDesc("inboxd_outbox_replies_unpublished", "Replies to requesters not yet published.", nil, nil)
+	undeliverDesc  = prometheus.NewDesc("inboxd_outbox_replies_undeliverable", "Replies the broker returned after their attempts: their requester was gone.", nil, nil)
+	keyGenDesc     = prometheus.NewDesc("inboxd_inbox_key_generation_age_seconds", "Age of the key ledger's current generation: a seventh of INBOX_DEDUPE_WINDOW at most while the janitors rotate it.", nil, nil)
+	hotPartDesc    = prometheus.NewDesc("inboxd_inbox_key_hot_part_waiting_seconds", "How long a hot part of the key ledger has waited, sealed or merged, to be moved into its slot and emptied (0 when none waits): a minute or so at most while the janitors run.", nil, nil)
+	unfoldedDesc   = prometheus.NewDesc("inboxd_stock_unfolded_age_seconds", "Age of the oldest stock move not folded into stock.available yet: up to about 30 s while the folds run (longer for a SKU whose row is held at each fold).", nil, nil)
+	upDesc         = prometheus.NewDesc("inboxd_inbox_database_up", "Whether the last scrape could read the database.", nil, nil)
+	holderDesc     = prometheus.NewDesc("inboxd_inbox_database_gauges_exporter",
+		"1 in the one process that exports the gauges read from the database, the elected leader (inboxd_inbox_pending, inboxd_inbox_dead, inboxd_inbox_oldest_pending_age_seconds, inboxd_outbox_backlog, inboxd_outbox_dead, inboxd_outbox_replies_unpublished, inboxd_outbox_replies_undeliverable, inboxd_inbox_key_generation_age_seconds, inboxd_inbox_key_hot_part_waiting_seconds, inboxd_stock_unfolded_age_seconds), 0 in the others.", nil, nil)
 )
 
 func (g *gauges) Describe(ch chan<- *prometheus.Desc) {
