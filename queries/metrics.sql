@@ -14,6 +14,9 @@ SELECT
               FROM inbox i WHERE i.status = 'pending' AND i.id >= inbox_claim_floor() ORDER BY i.id LIMIT 1), 0)::float8 AS oldest_pending_seconds,
     b.unpublished::bigint AS outbox_backlog,
     b.dead::bigint AS outbox_dead,
+    -- The oldest event not published, dead ones included (a dead event
+    -- holds back its order's later ones), as outbox_backlog reads it.
+    coalesce(extract(epoch FROM b.oldest_age), 0)::float8 AS outbox_oldest_seconds,
     b.replies_unpublished::bigint AS replies_unpublished,
     b.replies_undeliverable::bigint AS replies_undeliverable,
     coalesce((SELECT extract(epoch FROM now() - g.opened_at)

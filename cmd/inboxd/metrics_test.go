@@ -138,6 +138,7 @@ func TestMetricsAndReadiness(t *testing.T) {
 		"inboxd_inbox_pending":                            0,
 		"inboxd_inbox_dead":                               1,
 		"inboxd_outbox_backlog":                           0,
+		"inboxd_outbox_oldest_unpublished_age_seconds":    0,
 		"inboxd_inbox_database_up":                        1,
 		"inboxd_inbox_end_to_end_seconds_count":           103,
 	}

@@ -18,6 +18,9 @@ SELECT
               FROM inbox i WHERE i.status = 'pending' AND i.id >= inbox_claim_floor() ORDER BY i.id LIMIT 1), 0)::float8 AS oldest_pending_seconds,
     b.unpublished::bigint AS outbox_backlog,
     b.dead::bigint AS outbox_dead,
+    -- The oldest event not published, dead ones included (a dead event
+    -- holds back its order's later ones), as outbox_backlog reads it.
+    coalesce(extract(epoch FROM b.oldest_age), 0)::float8 AS outbox_oldest_seconds,
     b.replies_unpublished::bigint AS replies_unpublished,
     b.replies_undeliverable::bigint AS replies_undeliverable,
     coalesce((SELECT extract(epoch FROM now() - g.opened_at)
@@ -43,6 +46,7 @@ type MetricsGaugesRow struct {
 	OldestPendingSeconds     float64
 	OutboxBacklog            int64
 	OutboxDead               int64
+	OutboxOldestSeconds      float64
 	RepliesUnpublished       int64
 	RepliesUndeliverable     int64
 	KeyGenerationSeconds     float64
@@ -66,6 +70,7 @@ func (q *Queries) MetricsGauges(ctx context.Context, db DBTX) (MetricsGaugesRow,
 		&i.OldestPendingSeconds,
 		&i.OutboxBacklog,
 		&i.OutboxDead,
+		&i.OutboxOldestSeconds,
 		&i.RepliesUnpublished,
 		&i.RepliesUndeliverable,
 		&i.KeyGenerationSeconds,

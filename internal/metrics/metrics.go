@@ -189,6 +189,7 @@ var (
 	oldestDesc     = prometheus.NewDesc("inboxd_inbox_oldest_pending_age_seconds", "Age of the oldest pending message.", nil, nil)
 	backlogDesc    = prometheus.NewDesc("inboxd_outbox_backlog", "Events in the outbox not yet published.", nil, nil)
 	outboxDeadDesc = prometheus.NewDesc("inboxd_outbox_dead", "Events refused for good: not published, holding back their order's later rows, until replayed.", nil, nil)
+	outboxOldDesc  = prometheus.NewDesc("inboxd_outbox_oldest_unpublished_age_seconds", "Age of the oldest event not published, dead ones included (0 when none waits).", nil, nil)
 	repliesDesc    = prometheus.NewDesc("inboxd_outbox_replies_unpublished", "Replies to requesters not yet published.", nil, nil)
 	undeliverDesc  = prometheus.NewDesc("inboxd_outbox_replies_undeliverable", "Replies the broker returned after their attempts: their requester was gone.", nil, nil)
 	keyGenDesc     = prometheus.NewDesc("inboxd_inbox_key_generation_age_seconds", "Age of the key ledger's current generation: a seventh of INBOX_DEDUPE_WINDOW at most while the janitors rotate it.", nil, nil)
@@ -196,11 +197,11 @@ var (
 	unfoldedDesc   = prometheus.NewDesc("inboxd_stock_unfolded_age_seconds", "Age of the oldest stock move not folded into stock.available yet: up to about 30 s while the folds run (longer for a SKU whose row is held at each fold).", nil, nil)
 	upDesc         = prometheus.NewDesc("inboxd_inbox_database_up", "Whether the last scrape could read the database.", nil, nil)
 	holderDesc     = prometheus.NewDesc("inboxd_inbox_database_gauges_exporter",
-		"1 in the one process that exports the gauges read from the database, the elected leader (inboxd_inbox_pending, inboxd_inbox_dead, inboxd_inbox_oldest_pending_age_seconds, inboxd_outbox_backlog, inboxd_outbox_dead, inboxd_outbox_replies_unpublished, inboxd_outbox_replies_undeliverable, inboxd_inbox_key_generation_age_seconds, inboxd_inbox_key_hot_part_waiting_seconds, inboxd_stock_unfolded_age_seconds), 0 in the others.", nil, nil)
+		"1 in the one process that exports the gauges read from the database, the elected leader (inboxd_inbox_pending, inboxd_inbox_dead, inboxd_inbox_oldest_pending_age_seconds, inboxd_outbox_backlog, inboxd_outbox_dead, inboxd_outbox_oldest_unpublished_age_seconds, inboxd_outbox_replies_unpublished, inboxd_outbox_replies_undeliverable, inboxd_inbox_key_generation_age_seconds, inboxd_inbox_key_hot_part_waiting_seconds, inboxd_stock_unfolded_age_seconds), 0 in the others.", nil, nil)
 )
 
 func (g *gauges) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{pendingDesc, deadDesc, oldestDesc, backlogDesc, outboxDeadDesc, repliesDesc, undeliverDesc, keyGenDesc, hotPartDesc, unfoldedDesc, upDesc, holderDesc} {
+	for _, d := range []*prometheus.Desc{pendingDesc, deadDesc, oldestDesc, backlogDesc, outboxDeadDesc, outboxOldDesc, repliesDesc, undeliverDesc, keyGenDesc, hotPartDesc, unfoldedDesc, upDesc, holderDesc} {
 		ch <- d
 	}
 }
@@ -243,6 +244,7 @@ func (g *gauges) read() []prometheus.Metric {
 		gauge(oldestDesc, row.OldestPendingSeconds),
 		gauge(backlogDesc, float64(row.OutboxBacklog)),
 		gauge(outboxDeadDesc, float64(row.OutboxDead)),
+		gauge(outboxOldDesc, row.OutboxOldestSeconds),
 		gauge(repliesDesc, float64(row.RepliesUnpublished)),
 		gauge(undeliverDesc, float64(row.RepliesUndeliverable)),
 		gauge(keyGenDesc, row.KeyGenerationSeconds),

@@ -82,6 +82,7 @@ func TestTheGaugesReadWhatWaitsUnderAHeldSnapshot(t *testing.T) {
 		require.Positive(t, g.OldestPendingSeconds, what)
 		require.Equal(t, int64(3+2), g.OutboxBacklog, "%s: the events open and dead", what)
 		require.Equal(t, int64(2), g.OutboxDead, what)
+		require.Positive(t, g.OutboxOldestSeconds, "%s: the oldest event waiting, open or dead", what)
 		require.Equal(t, int64(2), g.RepliesUnpublished, what)
 		require.Equal(t, int64(2), g.RepliesUndeliverable, what)
 		require.Less(t, entries, 200, "%s: a scrape reads the entries of what waits, not those of the rows that ended under the held snapshot", what)
