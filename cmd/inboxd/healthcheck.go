@@ -30,7 +30,7 @@ func healthcheck(ctx context.Context, httpAddr string) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, HealthcheckTimeout)
 	defer cancel()
-	url := "http://" + net.JoinHostPort(host, port) + "/readyz"
+	url := "http://" + net.JoinHostPort(host, port) + ReadyzPath
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return err

@@ -41,13 +41,26 @@ const (
 	PprofWriteTimeout = 5 * time.Minute
 )
 
+// The paths of the probes and the metrics on HTTP_ADDR.
+const (
+	// HealthzPath answers 200 while the process serves HTTP, whatever
+	// PostgreSQL and RabbitMQ do: a liveness probe.
+	HealthzPath = "/healthz"
+	// ReadyzPath answers 200 only while PostgreSQL answers, ingest consumes
+	// and the relay is connected, 503 otherwise: a readiness probe.
+	ReadyzPath = "/readyz"
+	// MetricsPath serves the Prometheus metrics.
+	MetricsPath = "/metrics"
+)
+
 // ReadyPingInterval is how long /readyz reuses its last PostgreSQL ping:
 // however many probes arrive, readiness pings at most once per interval,
 // over a pool of its own.
 const ReadyPingInterval = time.Second
 
-// readyPingTimeout bounds one readiness ping.
-const readyPingTimeout = 2 * time.Second
+// ReadyPingTimeout bounds one readiness ping: a readiness probe's timeout
+// must be longer.
+const ReadyPingTimeout = 2 * time.Second
 
 // newHTTPServer returns a server for h with the timeouts above.
 func newHTTPServer(h http.Handler, writeTimeout time.Duration) *http.Server {
@@ -100,7 +113,7 @@ func (c *postgresCheck) check(ctx context.Context) (durability, error) {
 		return c.d, c.err
 	}
 	// The probe that pings may go away; the others wait for its answer.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), readyPingTimeout)
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), ReadyPingTimeout)
 	defer cancel()
 	c.err = c.pool.QueryRow(ctx, "SELECT current_setting('synchronous_standby_names'), current_setting('synchronous_commit')").
 		Scan(&c.d.standbyNames, &c.d.synchronousCommit)
@@ -134,7 +147,7 @@ const metricsMaxInFlight = 4
 // probes serves /healthz, /readyz and /metrics.
 func probes(pg *postgresCheck, ingest *ingest.Ingest, relay *outbox.Relay, registry *prometheus.Registry) *http.ServeMux {
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{
+	mux.Handle("GET "+MetricsPath, promhttp.HandlerFor(registry, promhttp.HandlerOpts{
 		// OpenMetrics, when the scraper asks for it, carries the exemplars
 		// (trace ids) of inboxd_inbox_end_to_end_seconds.
 		EnableOpenMetrics: true,
@@ -142,7 +155,7 @@ func probes(pg *postgresCheck, ingest *ingest.Ingest, relay *outbox.Relay, regis
 		// database gauges are read once a second whatever their number.
 		MaxRequestsInFlight: metricsMaxInFlight,
 	}))
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+	mux.HandleFunc("GET "+HealthzPath, func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 	})
 	registry.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -154,7 +167,7 @@ func probes(pg *postgresCheck, ingest *ingest.Ingest, relay *outbox.Relay, regis
 		}
 		return 0
 	}))
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("GET "+ReadyzPath, func(w http.ResponseWriter, r *http.Request) {
 		checks := map[string]string{"postgres": "ok", "rabbitmq": "ok", "relay": "ok"}
 		status := http.StatusOK
 		if d, err := pg.check(r.Context()); err != nil {

@@ -195,10 +195,15 @@ func stopWithin(grace time.Duration, logger *slog.Logger, services []startstop.S
 	logger.Info("stopped", slog.Duration("took", time.Since(started)))
 }
 
-// flushSpans shuts tp down, exporting the spans it still buffers, within 5
-// seconds.
+// SpanFlushTimeout bounds the export of the spans still buffered when serve
+// stops, after INBOX_SHUTDOWN_TIMEOUT: a container's grace period after
+// SIGTERM covers both.
+const SpanFlushTimeout = 5 * time.Second
+
+// flushSpans shuts tp down, exporting the spans it still buffers, within
+// SpanFlushTimeout.
 func flushSpans(tp *tracing.Provider, logger *slog.Logger) {
-	flushCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	flushCtx, cancel := context.WithTimeout(context.Background(), SpanFlushTimeout)
 	defer cancel()
 	if err := tp.Shutdown(flushCtx); err != nil {
 		logger.Warn("flush spans", slog.String("error", err.Error()))
