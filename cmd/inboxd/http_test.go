@@ -51,19 +51,22 @@ func TestSlowClientsAreCutOff(t *testing.T) {
 }
 
 // inboxd healthcheck exits 0 while /readyz answers 200, asking an
-// unspecified HTTP_ADDR host on loopback, and non-zero otherwise.
+// unspecified HTTP_ADDR host (0.0.0.0, or none: the image's :8080) on
+// loopback, and non-zero otherwise.
 func TestHealthcheck(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	_, port, err := net.SplitHostPort(freeAddr(t))
 	require.NoError(t, err)
-	p := startProcess(t, serviceEnv(b.db, b.broker, "HTTP_ADDR=0.0.0.0:"+port))
+	p := startProcess(t, serviceEnv(b.db, b.broker, "HTTP_ADDR=:"+port))
 	require.Eventually(t, func() bool {
 		_, ok := runInboxd(t, "healthcheck", "HTTP_ADDR=0.0.0.0:"+port)
 		return ok
 	}, 30*time.Second, 100*time.Millisecond, "healthy once ready")
+	out, ok := runInboxd(t, "healthcheck", "HTTP_ADDR=:"+port)
+	require.True(t, ok, "HTTP_ADDR without a host: %s", out)
 	p.kill()
-	out, ok := runInboxd(t, "healthcheck", "HTTP_ADDR=0.0.0.0:"+port)
+	out, ok = runInboxd(t, "healthcheck", "HTTP_ADDR=0.0.0.0:"+port)
 	require.False(t, ok)
 	require.Contains(t, out, "not ready")
 }
