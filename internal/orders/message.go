@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"unicode"
+	"unicode/utf16"
 	"unicode/utf8"
 
 	"github.com/orderconfirm/inboxd/internal/inbox"
@@ -190,9 +191,17 @@ func DecodeOrderCancelled(payload []byte) (OrderCancelled, error) {
 	return m, validationError(problems)
 }
 
+// decodeJSON decodes payload, one JSON value, into v. The body must be JSON
+// text as RFC 8259 has it, UTF-8, and name characters only: encoding/json
+// turns a byte that is not UTF-8, and an escaped surrogate that is not half
+// of a pair, into U+FFFD, so that ids the producer sent as different
+// ("o-1\xff", "o-1\xfe", "o-1\ud800") would all read as one order.
 func decodeJSON(payload []byte, v any) error {
 	if len(bytes.TrimSpace(payload)) == 0 {
 		return fmt.Errorf("%w: empty body", ErrInvalidPayload)
+	}
+	if !utf8.Valid(payload) {
+		return fmt.Errorf("%w: not UTF-8 text: a byte at %d is not UTF-8", ErrInvalidPayload, invalidUTF8At(payload))
 	}
 	dec := json.NewDecoder(bytes.NewReader(payload))
 	if err := dec.Decode(v); err != nil {
@@ -201,7 +210,60 @@ func decodeJSON(payload []byte, v any) error {
 	if _, err := dec.Token(); err != io.EOF {
 		return fmt.Errorf("%w: data after the JSON object", ErrInvalidPayload)
 	}
+	if i := unpairedSurrogate(payload); i >= 0 {
+		return fmt.Errorf("%w: the escape %s at byte %d is half of a UTF-16 surrogate pair, not a character", ErrInvalidPayload, payload[i:i+6], i)
+	}
 	return nil
+}
+
+// invalidUTF8At returns the offset of the first byte of b that does not
+// start a valid UTF-8 sequence, or -1.
+func invalidUTF8At(b []byte) int {
+	for i := 0; i < len(b); {
+		r, n := utf8.DecodeRune(b[i:])
+		if r == utf8.RuneError && n == 1 {
+			return i
+		}
+		i += n
+	}
+	return -1
+}
+
+// unpairedSurrogate returns the offset in payload, valid JSON, of a \u
+// escape of a UTF-16 surrogate that is not followed (a high one) or
+// preceded (a low one) by its other half, or -1. In valid JSON a backslash
+// starts an escape inside a string, and nothing else.
+func unpairedSurrogate(payload []byte) int {
+	for i := 0; i < len(payload); i++ {
+		if payload[i] != '\\' {
+			continue
+		}
+		if payload[i+1] != 'u' {
+			i++ // the escaped character, a backslash maybe
+			continue
+		}
+		r := hexRune(payload[i+2 : i+6])
+		if !utf16.IsSurrogate(r) {
+			i += 5
+			continue
+		}
+		if i+12 <= len(payload) && payload[i+6] == '\\' && payload[i+7] == 'u' &&
+			utf16.DecodeRune(r, hexRune(payload[i+8:i+12])) != unicode.ReplacementChar {
+			i += 11
+			continue
+		}
+		return i
+	}
+	return -1
+}
+
+// hexRune reads the four hex digits of a \u escape.
+func hexRune(digits []byte) rune {
+	n, err := strconv.ParseUint(string(digits), 16, 16)
+	if err != nil {
+		return unicode.ReplacementChar
+	}
+	return rune(n)
 }
 
 // checkID checks an identifier the service passes on downstream (an order

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 	"unicode"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
 
@@ -115,6 +116,47 @@ func TestDecodeOrderCancelled(t *testing.T) {
 	require.Equal(t, "changed\tmind\nשונה", m.Reason)
 }
 
+// A body is JSON text, UTF-8 (RFC 8259): a byte that is not UTF-8, or an
+// escaped half of a surrogate pair, is refused, not read as U+FFFD, which
+// would make orders the producer told apart ("o-1\xff", "o-1\xfe") one.
+func TestDecodeRefusesWhatIsNotUTF8Text(t *testing.T) {
+	t.Parallel()
+	created := func(orderID string) []byte {
+		return []byte(`{"orderId":"` + orderID + `","userId":"u","email":"a@b","items":[{"sku":"S","quantity":1}]}`)
+	}
+	for name, tc := range map[string]struct {
+		payload []byte
+		want    string
+	}{
+		"InvalidByte":         {created("o-1\xff"), "not UTF-8 text: a byte at 15 is not UTF-8"},
+		"OtherInvalidByte":    {created("o-1\xfe"), "not UTF-8 text"},
+		"TruncatedSequence":   {created("o-1\xe2\x82"), "not UTF-8 text"},
+		"InvalidInUnknown":    {[]byte("{\"note\":\"\xff\"," + string(created("o-1"))[1:]), "not UTF-8 text"},
+		"LoneHighSurrogate":   {created(`o-1\ud800`), `the escape \ud800 at byte 15 is half of a UTF-16 surrogate pair`},
+		"LoneLowSurrogate":    {created(`o-1\udc00`), `the escape \udc00 at byte 15`},
+		"TwoHighSurrogates":   {created(`o-1\ud800\ud800`), `the escape \ud800 at byte 15`},
+		"HighThenText":        {created(`o-1\ud83dx`), `the escape \ud83d at byte 15`},
+		"LoneAfterEscapedBsl": {created(`o-1\\\ud800`), `the escape \ud800 at byte 17`},
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			_, err := orders.DecodeOrderCreated(tc.payload)
+			require.ErrorIs(t, err, orders.ErrInvalidPayload)
+			require.ErrorContains(t, err, tc.want)
+		})
+	}
+	_, err := orders.DecodeOrderCancelled([]byte(`{"orderId":"o-1","reason":"\udfff"}`))
+	require.ErrorContains(t, err, "half of a UTF-16 surrogate pair")
+
+	// A pair is a character; an escaped backslash before a u is no escape.
+	m, err := orders.DecodeOrderCreated(created(`o-\ud83d\ude00-\\ud800`))
+	require.NoError(t, err)
+	require.Equal(t, "o-\U0001F600-\\ud800", m.OrderID)
+	m, err = orders.DecodeOrderCreated(created("o-\uFFFD-\u00e9"))
+	require.NoError(t, err, "U+FFFD sent as such is a character like any other")
+	require.Equal(t, "o-\uFFFD-\u00e9", m.OrderID)
+}
+
 // Identifiers in any script are fine: only control and bidirectional
 // formatting characters are refused.
 func TestDecodeOrderCreatedTakesAnyScript(t *testing.T) {
@@ -137,7 +179,7 @@ func FuzzDecode(f *testing.F) {
 		`{"orderId":"a","userId":"b","email":"c@d","items":[{"sku":"e","quantity":-2147483648}]}`,
 		`{"orderId":"a","userId":"b","email":"c@d","items":[{"sku":"e","quantity":1.5}]}`,
 		`{"orderId":"a","userId":"b","email":"c@d","items":[{"sku":"e","quantity":1e9}]}`,
-		"\xff\xfe{}", `{"orderId":"\ud800"}`,
+		"\xff\xfe{}", `{"orderId":"\ud800"}`, "{\"orderId\":\"o\xff\",\"reason\":\"x\"}", `{"orderId":"o\udc00","reason":"x"}`,
 		`{"orderId":"a\u001b","userId":"b","email":"c@d\u202e","items":[{"sku":"e\r\n","quantity":1}]}`,
 	} {
 		f.Add([]byte(seed))
@@ -159,6 +201,9 @@ func FuzzDecode(f *testing.F) {
 		}
 		if m, err := orders.DecodeOrderCancelled(payload); err == nil && m.OrderID == "" {
 			t.Fatalf("accepted a cancellation without orderId")
+		}
+		if _, err := orders.DecodeOrderCancelled(payload); err == nil && !utf8.Valid(payload) {
+			t.Fatalf("accepted a body that is not UTF-8")
 		}
 	})
 }
