@@ -75,6 +75,10 @@ test-race: $(SQLC) ## Run every test with the race detector, inboxd built with i
 fuzz: ## Fuzz message decoding for a minute
 	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime 60s ./internal/orders/
 
+.PHONY: fuzz-schema
+fuzz-schema: ## Fuzz the decoder against api/schemas for a minute
+	$(GO) test -run '^$$' -fuzz FuzzSchemaAgrees -fuzztime 60s ./internal/orders/
+
 .PHONY: build
 build: ## Build bin/inboxd and bin/inboxbench
 	$(GO) build -ldflags "-X main.version=$(VERSION)" -o $(BIN)/inboxd ./cmd/inboxd
