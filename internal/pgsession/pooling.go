@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
+	"github.com/orderconfirm/inboxd/internal/startstop"
 )
 
 // Pooling is how the server sessions behind a client connection are lent
@@ -134,7 +136,7 @@ func probePooling(ctx context.Context, cc *pgx.ConnConfig) (Pooling, error) {
 	var a, b *pgx.Conn
 	var errA, errB error
 	var wg sync.WaitGroup
-	wg.Go(func() { a, errA = Connect(ctx, cc) })
+	wg.Go(startstop.Guard(func() { a, errA = Connect(ctx, cc) }))
 	b, errB = Connect(ctx, cc)
 	wg.Wait()
 	for _, conn := range []*pgx.Conn{a, b} {
