@@ -234,9 +234,27 @@ func NewDBAlone(tb testing.TB) *DB {
 	return db
 }
 
+// NewEmptyDB is NewDB without the migrations: an empty schema, for a test
+// that creates tables of its own there (the benchmark's simplest inbox).
+func NewEmptyDB(tb testing.TB) *DB {
+	tb.Helper()
+	return newEmptyDB(tb, getServers(tb).databaseURL)
+}
+
 // newDB creates a schema in the database at databaseURL and applies the
 // migrations to it.
 func newDB(tb testing.TB, databaseURL string) *DB {
+	tb.Helper()
+	db := newEmptyDB(tb, databaseURL)
+	// Other tests' long transactions in the database hold up a concurrent
+	// index build (it waits for every older transaction).
+	db.MigrateUp(tb)
+	return db
+}
+
+// newEmptyDB creates a schema in the database at databaseURL, dropped when
+// the test ends.
+func newEmptyDB(tb testing.TB, databaseURL string) *DB {
 	tb.Helper()
 	ctx := context.WithoutCancel(tb.Context())
 	schema := uniqueName()
@@ -244,13 +262,6 @@ func newDB(tb testing.TB, databaseURL string) *DB {
 	dbURL, drop, err := sandbox.CreateSchema(ctx, databaseURL, schema)
 	require.NoError(tb, err)
 	tb.Cleanup(drop)
-
-	connConfig, err := pgx.ParseConfig(dbURL)
-	require.NoError(tb, err)
-	// Other tests' long transactions in the database hold up a concurrent
-	// index build (it waits for every older transaction).
-	_, err = migrate.UpWithOptions(ctx, connConfig, discardLogger(), migrate.Options{LockTimeout: 5 * time.Minute})
-	require.NoError(tb, err)
 
 	pool, err := pgxpool.New(ctx, dbURL)
 	require.NoError(tb, err)
