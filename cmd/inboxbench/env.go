@@ -47,6 +47,53 @@ func newEnv(ctx context.Context, o *options, scenario string) (*benchEnv, error)
 // schema with its own migrations ("inboxd migrate"), and which the env's
 // startInboxd and serve run; "" is -inboxd, migrated by this source tree.
 func newEnvOf(ctx context.Context, o *options, scenario, build string) (*benchEnv, error) {
+	e, err := newEmptyEnv(ctx, o, scenario)
+	if err != nil {
+		return nil, err
+	}
+	e.inboxd = cmp.Or(build, o.inboxd)
+	if err := loadgen.DeclareTopology(e.amqpURL, broker.QueueTypeQuorum); err != nil {
+		e.close()
+		return nil, fmt.Errorf("declare topology: %w", err)
+	}
+	if build == "" {
+		_, err = migrate.Up(ctx, e.pool.Config().ConnConfig, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	} else {
+		err = migrateWith(ctx, build, e.dbURL)
+	}
+	if err != nil {
+		e.close()
+		return nil, fmt.Errorf("migrate: %w", err)
+	}
+	if err := seedStock(ctx, e.pool, o.skus); err != nil {
+		e.close()
+		return nil, err
+	}
+	return e, nil
+}
+
+// newSimplestEnv creates a schema with the simplest inbox's tables and
+// stocked SKUs, and a virtual host with its exchanges and queues (see
+// createSimplest), named after the scenario.
+func newSimplestEnv(ctx context.Context, o *options, scenario string) (*benchEnv, error) {
+	e, err := newEmptyEnv(ctx, o, scenario+"_simplest")
+	if err != nil {
+		return nil, err
+	}
+	if err := createSimplest(ctx, e.pool, e.amqpURL); err != nil {
+		e.close()
+		return nil, err
+	}
+	if err := seedStock(ctx, e.pool, o.skus); err != nil {
+		e.close()
+		return nil, err
+	}
+	return e, nil
+}
+
+// newEmptyEnv creates an empty schema and virtual host named after the
+// scenario, and a pool on the schema.
+func newEmptyEnv(ctx context.Context, o *options, scenario string) (*benchEnv, error) {
 	name := fmt.Sprintf("bench_%s_%d", scenario, time.Now().UnixNano())
 	dbURL, cleanupDB, err := sandbox.CreateSchema(ctx, o.databaseURL, name)
 	if err != nil {
@@ -57,29 +104,12 @@ func newEnvOf(ctx context.Context, o *options, scenario, build string) (*benchEn
 		cleanupDB()
 		return nil, err
 	}
-	e := &benchEnv{name: name, dbURL: dbURL, amqpURL: amqpURL, cleanup: func() {}, inboxd: cmp.Or(build, o.inboxd)}
+	e := &benchEnv{name: name, dbURL: dbURL, amqpURL: amqpURL, cleanup: func() {}}
 	if !o.keep {
 		e.cleanup = func() { cleanupBroker(); cleanupDB() }
 	}
-	if err := loadgen.DeclareTopology(amqpURL, broker.QueueTypeQuorum); err != nil {
-		e.cleanup()
-		return nil, fmt.Errorf("declare topology: %w", err)
-	}
 	if e.pool, err = pgxpool.New(ctx, dbURL); err != nil {
 		e.cleanup()
-		return nil, err
-	}
-	if build == "" {
-		_, err = migrate.Up(ctx, e.pool.Config().ConnConfig, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	} else {
-		err = migrateWith(ctx, build, dbURL)
-	}
-	if err != nil {
-		e.close()
-		return nil, fmt.Errorf("migrate: %w", err)
-	}
-	if err := seedStock(ctx, e.pool, o.skus); err != nil {
-		e.close()
 		return nil, err
 	}
 	return e, nil
@@ -117,7 +147,13 @@ func (e *benchEnv) serve(ctx context.Context, o *options, env ...string) (*servi
 
 // newPool opens a pool of its own on the scenario's schema.
 func (e *benchEnv) newPool(ctx context.Context, maxConns int32) (*pgxpool.Pool, error) {
-	cfg, err := pgxpool.ParseConfig(e.dbURL)
+	return openPool(ctx, e.dbURL, maxConns)
+}
+
+// openPool opens a pool of maxConns connections on the schema at dbURL,
+// each session set up as inboxd sets up its own.
+func openPool(ctx context.Context, dbURL string, maxConns int32) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(dbURL)
 	if err != nil {
 		return nil, err
 	}

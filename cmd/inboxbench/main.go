@@ -5,10 +5,11 @@
 //  1. the core path (ingest and workers in this process, a handler that
 //     does nothing): messages per second from publish to processed;
 //  2. the whole domain: a real inboxd process, orders per second to the last
-//     event published;
+//     event published, against the simplest correct inbox on the same
+//     traffic (simplest.go) in the same run;
 //  3. ingest alone and the workers alone;
 //  4. latency from publish to processed commit at a steady rate (p50, p99,
-//     p99.9), and
+//     p99.9), against the simplest inbox at the same rate, and
 //  5. inboxd's memory over that run;
 //  6. the claim's cost as processed rows pile up (0, 1M, 10M);
 //  7. the same messages through the broker alone, acked and nothing else:
@@ -83,6 +84,8 @@ type options struct {
 	probeMessages  int
 	cpuProfile     string
 	viewsBefore    string
+	ruler          bool
+	rounds         int
 }
 
 // scenarios lists what the suite measures, in the order it runs them.
@@ -176,12 +179,17 @@ func parseFlags(args []string) (*options, error) {
 	fs.IntVar(&o.probeMessages, "probe-messages", 20_000, "probes, scrapes, flood: the backlog drained, without and with the probes, or during the flood")
 	fs.StringVar(&o.cpuProfile, "cpuprofile", "", "write a CPU profile of the bench process (which runs ingest and the workers of core and split) to this file")
 	fs.StringVar(&o.viewsBefore, "views-before", "", "views: an earlier build's inboxd binary, whose views, status page and gauges are compared with -inboxd's on the same traffic")
+	fs.BoolVar(&o.ruler, "ruler", true, "domain, steady: run the simplest correct inbox (a ruler in this process, on a schema and virtual host of its own) on the same traffic after or before each inboxd run, and report inboxd's figures as ratios to it")
+	fs.IntVar(&o.rounds, "rounds", 1, "domain, steady: runs of each (pairs of inboxd and the simplest inbox, alternating which goes first)")
 	fs.StringVar(&claimRows, "claim-rows", "0,1000000,10000000", "claim: processed rows in the inbox at each measurement, ascending")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
 	if only != "" {
 		o.only = strings.Split(only, ",")
+	}
+	if o.rounds < 1 {
+		return nil, fmt.Errorf("-rounds: want at least 1, got %d", o.rounds)
 	}
 	for _, v := range strings.Split(claimRows, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(v))

@@ -10,66 +10,122 @@ import (
 
 // benchDomain measures (2): orders per second through a real inboxd process
 // with the orders handler, from the first publish to the last event
-// published.
+// published; and, unless -ruler=false, the same traffic through the
+// simplest inbox (simplest.go), the two alternating which goes first, for
+// -rounds pairs.
 func benchDomain(ctx context.Context, o *options, r *report) error {
-	e, err := newEnv(ctx, o, "domain")
+	w := loadgen.Generate(loadgen.Spec{Orders: o.messages, Seed: 1, Prefix: fmt.Sprintf("bench_domain_%d", time.Now().UnixNano()), SKUs: o.skus})
+	var ours, ruler, ratios []float64
+	for round := range o.rounds {
+		var pair [2]domainRun
+		for _, side := range r.pairOrder(o) {
+			run, err := domainOnce(ctx, o, w, side)
+			if err != nil {
+				return fmt.Errorf("%s: %w", side, err)
+			}
+			run.report(r, o, w, side, round)
+			pair[side] = run
+		}
+		ours = append(ours, pair[sideInboxd].published)
+		if o.ruler {
+			ruler = append(ruler, pair[sideSimplest].published)
+			ratios = append(ratios, pair[sideInboxd].published/pair[sideSimplest].published)
+			r.add("   inboxd / simplest inbox", "%.2f to the last event published, %.2f to the last processed%s",
+				pair[sideInboxd].published/pair[sideSimplest].published, pair[sideInboxd].processed/pair[sideSimplest].processed, roundOf(o, round))
+		}
+		r.domainPublished, r.domainProcessed = pair[sideInboxd].published, pair[sideInboxd].processed
+	}
+	if o.rounds > 1 {
+		r.add("2. whole domain over the rounds", "inboxd %s orders/s", spread(ours))
+		if o.ruler {
+			r.add("   simplest inbox over the rounds", "%s orders/s; inboxd / simplest inbox, to the last event published: %s", spread(ruler), spreadRatio(ratios))
+		}
+	}
+	r.domainRatios()
+	return nil
+}
+
+// domainRun is one run of the whole domain.
+type domainRun struct {
+	// published and processed are orders per second to the last event
+	// published and to the last processed.
+	published, processed float64
+	// tookPublished and tookProcessed are the times from the start to
+	// each; publishTook is the publishers' own time.
+	tookPublished, tookProcessed, publishTook time.Duration
+}
+
+// domainOnce runs w through a fresh inboxd process, or through the
+// simplest inbox, in a schema and virtual host of its own.
+func domainOnce(ctx context.Context, o *options, w *loadgen.Workload, s side) (domainRun, error) {
+	var e *benchEnv
+	var err error
+	if s == sideInboxd {
+		e, err = newEnv(ctx, o, "domain")
+	} else {
+		e, err = newSimplestEnv(ctx, o, "domain")
+	}
 	if err != nil {
-		return err
+		return domainRun{}, err
 	}
 	defer e.close()
-	w := loadgen.Generate(loadgen.Spec{Orders: o.messages, Seed: 1, Prefix: e.name, SKUs: o.skus})
 
-	var start time.Time
-	var publishTook time.Duration
+	var run domainRun
 	published := make(chan error, 1)
 	publish := func() {
 		started := time.Now()
 		err := loadgen.PublishParallel(ctx, e.amqpURL, w.Messages, o.publishers, o.window)
-		publishTook = time.Since(started)
+		run.publishTook = time.Since(started)
 		published <- err
 	}
 	if o.preload {
 		publish()
 	}
-	svc, httpAddr, err := e.startInboxd(o)
+	start := time.Now() // with -preload, the drain includes the start
+	waitCtx, stop, err := startSide(ctx, o, e, s)
 	if err != nil {
-		return err
+		return domainRun{}, err
 	}
-	defer svc.stop()
-	if o.preload {
-		start = time.Now() // the drain includes inboxd's start
-	}
-	if err := waitReady(ctx, httpAddr); err != nil {
-		return err
-	}
+	defer stop()
 	if !o.preload {
 		start = time.Now()
 		go publish()
 	}
-	processed, err := waitCount(ctx, e.pool, countProcessed, w.UniqueMessageIDs, lastProcessed)
+	counts := countsOf(s)
+	processed, err := waitCount(waitCtx, e.pool, counts.processed, w.UniqueMessageIDs, counts.lastProcessed)
 	if err != nil {
-		return err
+		return domainRun{}, failedSide(stop, err)
 	}
-	took := processed.Sub(start)
 	// Every order is confirmed: an order.confirmed and an email.requested each.
-	lastEvent, err := waitCount(ctx, e.pool, countPublished, 2*w.UniqueMessageIDs, lastPublished)
+	lastEvent, err := waitCount(waitCtx, e.pool, counts.published, 2*w.UniqueMessageIDs, counts.lastPublished)
 	if err != nil {
-		return err
+		return domainRun{}, failedSide(stop, err)
 	}
-	tookPublished := lastEvent.Sub(start)
 	if err := <-published; err != nil {
-		return fmt.Errorf("publish: %w", err)
+		return domainRun{}, fmt.Errorf("publish: %w", err)
 	}
+	if err := stop(); err != nil {
+		return domainRun{}, err
+	}
+	run.tookProcessed, run.tookPublished = processed.Sub(start), lastEvent.Sub(start)
+	run.published = float64(w.UniqueMessageIDs) / run.tookPublished.Seconds()
+	run.processed = float64(w.UniqueMessageIDs) / run.tookProcessed.Seconds()
+	return run, nil
+}
+
+// report adds the rows of run, of side s, in round.
+func (run domainRun) report(r *report, o *options, w *loadgen.Workload, s side, round int) {
 	from := "first publish"
 	if o.preload {
-		from = "inboxd start, queue preloaded"
+		from = map[side]string{sideInboxd: "inboxd start", sideSimplest: "start"}[s] + ", queue preloaded"
 	}
-	r.domainPublished = float64(w.UniqueMessageIDs) / tookPublished.Seconds()
-	r.domainProcessed = float64(w.UniqueMessageIDs) / took.Seconds()
-	defer r.domainRatios()
-	r.add("2. whole domain (inboxd)", "%.0f orders/s (%d orders, %s from %s to the last of %d events published)",
-		r.domainPublished, w.UniqueMessageIDs, tookPublished.Round(time.Millisecond), from, 2*w.UniqueMessageIDs)
+	if s == sideSimplest {
+		r.add("   simplest inbox, same traffic", "%.0f orders/s to the last event published (%s from %s), %.0f to the last processed (%s)%s",
+			run.published, run.tookPublished.Round(time.Millisecond), from, run.processed, run.tookProcessed.Round(time.Millisecond), roundOf(o, round))
+		return
+	}
+	r.add("2. whole domain (inboxd)", "%.0f orders/s (%d orders, %s from %s to the last of %d events published)%s",
+		run.published, w.UniqueMessageIDs, run.tookPublished.Round(time.Millisecond), from, 2*w.UniqueMessageIDs, roundOf(o, round))
 	r.add("   of which processed", "%.0f orders/s (%s to the last processed); publishing alone %.0f msg/s",
-		r.domainProcessed, took.Round(time.Millisecond), float64(len(w.Messages))/publishTook.Seconds())
-	return nil
+		run.processed, run.tookProcessed.Round(time.Millisecond), float64(len(w.Messages))/run.publishTook.Seconds())
 }

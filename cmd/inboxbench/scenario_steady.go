@@ -20,20 +20,52 @@ import (
 
 // benchSteady measures (4) and (5): a real inboxd process with the orders
 // handler, fed at a steady rate; latency from each publish to its processed
-// commit, and the process's memory sampled throughout.
+// commit, and the process's memory sampled throughout. Unless -ruler=false,
+// the simplest inbox (simplest.go) is fed the same messages at the same
+// rate, the two alternating which goes first, for -rounds pairs.
 func benchSteady(ctx context.Context, o *options, r *report) error {
+	n := int(o.steadyRate * o.steadyDuration.Seconds())
+	w := loadgen.Generate(loadgen.Spec{Orders: n, Seed: 2, Prefix: fmt.Sprintf("bench_steady_%d", time.Now().UnixNano()), SKUs: o.skus})
+	var ratios []float64
+	for round := range o.rounds {
+		var p99 [2]time.Duration
+		for _, s := range r.pairOrder(o) {
+			var err error
+			if s == sideInboxd {
+				p99[s], err = steadyInboxd(ctx, o, w, r, round)
+			} else {
+				p99[s], err = steadySimplest(ctx, o, w, r, round)
+			}
+			if err != nil {
+				return fmt.Errorf("%s: %w", s, err)
+			}
+		}
+		if o.ruler {
+			ratios = append(ratios, float64(p99[sideInboxd])/float64(p99[sideSimplest]))
+			r.add("   inboxd / simplest inbox, p99", "%.2f (%s against %s)%s", ratios[len(ratios)-1],
+				p99[sideInboxd].Round(100*time.Microsecond), p99[sideSimplest].Round(100*time.Microsecond), roundOf(o, round))
+		}
+	}
+	if o.ruler && o.rounds > 1 {
+		r.add("   inboxd / simplest inbox, p99, over the rounds", "%s", spreadRatio(ratios))
+	}
+	return nil
+}
+
+// steadyInboxd runs w through a fresh inboxd process at -steady-rate,
+// reports its latencies and memory, and returns its p99, publish to
+// processed.
+func steadyInboxd(ctx context.Context, o *options, w *loadgen.Workload, r *report, round int) (time.Duration, error) {
 	e, err := newEnv(ctx, o, "steady")
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer e.close()
 	svc, _, err := e.serve(ctx, o)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer svc.stop()
-	n := int(o.steadyRate * o.steadyDuration.Seconds())
-	w := loadgen.Generate(loadgen.Spec{Orders: n, Seed: 2, Prefix: e.name, SKUs: o.skus})
 
 	memory := sampleMemory(ctx, svc.cmd.Process.Pid)
 	// A downstream consumer of order.confirmed, as the orders' customers
@@ -41,31 +73,71 @@ func benchSteady(ctx context.Context, o *options, r *report) error {
 	confirmed, stopConfirmed, err := receiveTimes(ctx, e.amqpURL, "order.confirmed")
 	if err != nil {
 		memory.stop()
-		return err
+		return 0, err
 	}
 	defer stopConfirmed()
 
 	sent, err := publishPaced(ctx, e.amqpURL, w.Messages, o.steadyRate)
 	if err != nil {
 		memory.stop()
-		return err
+		return 0, err
 	}
 	if _, err := waitCount(ctx, e.pool, countProcessed, len(w.Messages), lastProcessed); err != nil {
 		memory.stop()
-		return err
+		return 0, err
 	}
 	memory.stop()
 
 	l, err := readLatencies(ctx, e.pool, sent)
 	if err != nil {
-		return err
+		return 0, err
 	}
-	l.report(r, sent, o)
+	l.report(r, sent, o, roundOf(o, round))
 	toConsumer := sinceSent(sent, confirmed.wait(ctx, len(w.Messages), 30*time.Second))
 	r.add("   publish to order.confirmed received", "p50 %s, p99 %s, max %s (%d of %d received by a downstream consumer)",
 		quantile(toConsumer, 0.50), quantile(toConsumer, 0.99), quantile(toConsumer, 1), len(toConsumer), len(w.Messages))
 	memory.report(r, o.steadyDuration)
-	return nil
+	return quantileOf(l.total, 0.99), nil
+}
+
+// steadySimplest runs w through the simplest inbox at -steady-rate, reports
+// its latencies, and returns its p99, publish to processed.
+func steadySimplest(ctx context.Context, o *options, w *loadgen.Workload, r *report, round int) (time.Duration, error) {
+	e, err := newSimplestEnv(ctx, o, "steady")
+	if err != nil {
+		return 0, err
+	}
+	defer e.close()
+	runCtx, stop, err := startSide(ctx, o, e, sideSimplest)
+	if err != nil {
+		return 0, err
+	}
+	defer stop()
+	confirmed, stopConfirmed, err := receiveTimesFrom(runCtx, e.amqpURL, simplestEvents, "order.confirmed")
+	if err != nil {
+		return 0, failedSide(stop, err)
+	}
+	defer stopConfirmed()
+	sent, err := publishPaced(runCtx, e.amqpURL, w.Messages, o.steadyRate)
+	if err != nil {
+		return 0, failedSide(stop, err)
+	}
+	if _, err := waitCount(runCtx, e.pool, countSimplestProcessed, len(w.Messages), lastProcessed); err != nil {
+		return 0, failedSide(stop, err)
+	}
+	arrived := confirmed.wait(runCtx, len(w.Messages), 30*time.Second)
+	if err := stop(); err != nil {
+		return 0, err
+	}
+	l, err := readLatencies(ctx, e.pool, sent)
+	if err != nil {
+		return 0, err
+	}
+	toConsumer := sinceSent(sent, arrived)
+	r.add("   simplest inbox, same traffic", "p50 %s, p99 %s, p99.9 %s, max %s, publish to processed commit (of which publish to stored p50 %s, p99 %s); to order.confirmed received p50 %s, p99 %s (%d of %d)%s",
+		quantile(l.total, 0.50), quantile(l.total, 0.99), quantile(l.total, 0.999), quantile(l.total, 1), quantile(l.ingest, 0.50), quantile(l.ingest, 0.99),
+		quantile(toConsumer, 0.50), quantile(toConsumer, 0.99), len(toConsumer), len(w.Messages), roundOf(o, round))
+	return quantileOf(l.total, 0.99), nil
 }
 
 // memorySampler reads a process's memory every second until stopped.
@@ -145,10 +217,11 @@ func readLatencies(ctx context.Context, pool *pgxpool.Pool, sent map[string]time
 	return l, nil
 }
 
-// report adds (4): the quantiles of each latency, and the p99 per window.
-func (l *latencies) report(r *report, sent map[string]time.Time, o *options) {
-	r.add("4. latency at a steady rate", "p50 %s, p99 %s, p99.9 %s, max %s (%d orders at %.0f/s, publish to processed commit, orders handler)",
-		quantile(l.total, 0.50), quantile(l.total, 0.99), quantile(l.total, 0.999), quantile(l.total, 1), len(l.total), o.steadyRate)
+// report adds (4): the quantiles of each latency, and the p99 per window;
+// round labels the first row.
+func (l *latencies) report(r *report, sent map[string]time.Time, o *options, round string) {
+	r.add("4. latency at a steady rate", "p50 %s, p99 %s, p99.9 %s, max %s (%d orders at %.0f/s, publish to processed commit, orders handler)%s",
+		quantile(l.total, 0.50), quantile(l.total, 0.99), quantile(l.total, 0.999), quantile(l.total, 1), len(l.total), o.steadyRate, round)
 	r.add("   of which publish to stored", "p50 %s, p99 %s", quantile(l.ingest, 0.50), quantile(l.ingest, 0.99))
 	r.add("   of which stored to processed", "p50 %s, p99 %s", quantile(l.work, 0.50), quantile(l.work, 0.99))
 	r.add("   p99 per window of publishing", "%s", perWindow(sent, l.totalOf, o.steadyDuration))
@@ -181,6 +254,11 @@ func (a *arrivals) wait(ctx context.Context, n int, timeout time.Duration) map[s
 // receiveTimes consumes the events of routingKey from a queue of its own
 // bound to the events exchange, and records when each arrived.
 func receiveTimes(ctx context.Context, amqpURL, routingKey string) (*arrivals, func(), error) {
+	return receiveTimesFrom(ctx, amqpURL, broker.ExchangeEvents, routingKey)
+}
+
+// receiveTimesFrom is receiveTimes on another exchange.
+func receiveTimesFrom(ctx context.Context, amqpURL, exchange, routingKey string) (*arrivals, func(), error) {
 	conn, err := amqp.Dial(amqpURL)
 	if err != nil {
 		return nil, nil, err
@@ -190,7 +268,7 @@ func receiveTimes(ctx context.Context, amqpURL, routingKey string) (*arrivals, f
 		_, err = ch.QueueDeclare("bench."+routingKey, true, false, false, false, nil)
 	}
 	if err == nil {
-		err = ch.QueueBind("bench."+routingKey, routingKey, broker.ExchangeEvents, false, nil)
+		err = ch.QueueBind("bench."+routingKey, routingKey, exchange, false, nil)
 	}
 	var deliveries <-chan amqp.Delivery
 	if err == nil {

@@ -17,6 +17,9 @@ import (
 type report struct {
 	rows              [][2]string
 	core, passthrough float64
+	// pairs counts the runs of inboxd and the simplest inbox side by side,
+	// to alternate which goes first (pairOrder).
+	pairs int
 	// domainPublished and domainProcessed are scenario 2's orders/s to the
 	// last event published and to the last processed; domainRuler is
 	// scenario 9's.
@@ -62,8 +65,17 @@ func quantileTo(ds []time.Duration, p float64, unit time.Duration) string {
 	if len(ds) == 0 {
 		return "-"
 	}
+	return quantileOf(ds, p).Round(unit).String()
+}
+
+// quantileOf returns the p-quantile of ds (which it sorts), 0 when ds is
+// empty.
+func quantileOf(ds []time.Duration, p float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
 	slices.Sort(ds)
-	return ds[min(len(ds)-1, int(p*float64(len(ds))))].Round(unit).String()
+	return ds[min(len(ds)-1, int(p*float64(len(ds))))]
 }
 
 // perWindow gives the p99 of latency for the messages published in each
