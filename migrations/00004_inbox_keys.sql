@@ -427,11 +427,13 @@ END;
 $$;
 -- +goose StatementEnd
 
--- inbox_keys_analyze_parts gives each hot part statistics once it holds some
--- keys (100 pages), if it has none, and returns how many it analyzed; the
--- janitors call it. Without statistics the planner takes 1 in 200 of a
--- part's keys to match each id probed, which pushed each ingest statement
--- over JIT's threshold (45 ms of compilation a statement). A part's ids are
+-- inbox_keys_analyze_parts gives each hot part statistics once it holds
+-- keys (a page of them), if it has none, and returns how many it analyzed;
+-- the janitors call it. Without statistics the planner takes 1 in 200 of a
+-- part's keys to match each id probed: the ingest statement's probe read
+-- the whole part by a sequential scan for each batch, and a large part
+-- pushed each statement over JIT's threshold (45 ms of compilation a
+-- statement). A part's ids are
 -- all distinct, and its statistics say so once (n_distinct -1): they stay
 -- through its TRUNCATEs and scale with its size. Autovacuum is off on the
 -- parts, so it runs ANALYZE itself; ANALYZE needs the owner's right, so it
@@ -451,8 +453,7 @@ DECLARE
 BEGIN
     FOR p IN SELECT h.part FROM inbox_key_hot_parts h ORDER BY h.part LOOP
         part := 'inbox_keys_' || p;
-        IF pg_catalog.pg_relation_size(pg_catalog.format('%I.%I', pg_catalog.current_schema(), part)::pg_catalog.regclass)
-               >= 100 * pg_catalog.current_setting('block_size')::bigint
+        IF pg_catalog.pg_relation_size(pg_catalog.format('%I.%I', pg_catalog.current_schema(), part)::pg_catalog.regclass) > 0
            AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stats s
                            WHERE s.schemaname = pg_catalog.current_schema() AND s.tablename = part
                              AND s.attname = 'message_id') THEN

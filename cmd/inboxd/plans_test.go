@@ -118,8 +118,7 @@ func (b *e2eBundle) awaitEvents(t *testing.T, n int, timeout time.Duration) {
 // runs ANALYZE): inboxd handles orders on an empty schema, the tables grow
 // by 100,000 rows of history each, and the next orders, cancellations
 // among them, read about what they read before, not the history. Before
-// stock_reservations_by_sku_idx and enable_seqscan=off (see pipeline.ConfigureSession)
-// the cancellations read every reservation: 7.1 million index entries, or
+// stock_reservations_by_sku_idx the cancellations read every reservation: 7.1 million index entries, or
 // 608,547 rows by sequential scans, for 300 orders.
 func TestStatementsReadIndexesOnceTheTablesHaveGrown(t *testing.T) {
 	t.Parallel()

@@ -182,8 +182,7 @@ func (j *Janitor) Stop(ctx context.Context) {
 
 // tendHotParts moves the key ledger's sealed hot part into its slot and
 // empties it (migrations/00004_inbox_keys.sql), so that a rotation or a seal
-// finds the other part empty, and gives a grown part statistics if it has
-// none. The merge goes a range of buckets at a time, each its own
+// finds the other part empty. The merge goes a range of buckets at a time, each its own
 // transaction, pausing between two as long as the last took. A part that
 // cannot be emptied at once (a statement reads it) is logged and emptied
 // at a later cleanup; its keys are in their slot meanwhile.
@@ -201,14 +200,6 @@ func (j *Janitor) tendHotParts(ctx context.Context) error {
 	}
 	if err := empty(); err != nil {
 		return err
-	}
-	switch analyzed, err := j.queries.JanitorAnalyzeKeys(ctx, j.pool); {
-	case err != nil && ctx.Err() != nil:
-		return ctx.Err()
-	case err != nil:
-		j.logger.Warn("key ledger: analyzing the hot parts failed, trying again at the next cleanup", slog.String("error", err.Error()))
-	case analyzed > 0:
-		j.logger.Info("key ledger: hot parts analyzed", slog.Int("parts", int(analyzed)))
 	}
 	started := time.Now()
 	merged, ranges := int64(0), 0

@@ -4,7 +4,8 @@
 // and starting are separate steps: New builds, Start starts.
 //
 // With a Leader, the maintenance (the janitor, the keepers of the inbox's
-// and the outbox's claim floors, and the LeaderTasks) runs only while this
+// and the outbox's claim floors, the key ledger's statistics, and the
+// LeaderTasks) runs only while this
 // process leads, in one process of the schema at a time.
 package pipeline
 
@@ -90,6 +91,14 @@ func New(cfg *Config) (*Pipeline, error) {
 		}
 		if p.Ingest, err = ingest.New(cfg.IngestPool, &ic); err != nil {
 			return nil, err
+		}
+		keyStats := func(ctx context.Context) {
+			janitor.KeepKeyStatistics(ctx, cfg.IngestPool, logger.With(slog.String("component", "inbox.keys")))
+		}
+		if cfg.Leader != nil {
+			maintenance = append(maintenance, keyStats)
+		} else {
+			p.services = append(p.services, startstop.Func(keyStats))
 		}
 	}
 	if cfg.Relay != nil {

@@ -11,58 +11,31 @@ import (
 )
 
 // ConfigureSession sets up a connection config for the sessions that run
-// the pipeline's statements. It keeps the plans of the claims and the batch
-// statements right on tables that nobody vacuums or analyzes, which is what
-// a fresh schema is, and every schema on a server that runs without
-// autovacuum:
+// the pipeline's statements.
 //
-//   - Each statement is sent as an unnamed prepared statement (pgx's
-//     QueryExecModeCacheDescribe), so PostgreSQL plans it for its
-//     parameters and the tables as they are. A named statement's cached
-//     generic plan is kept until something invalidates it, and without
-//     ANALYZE nothing does: one made while the inbox was empty went on
-//     scanning the whole inbox, twice per batch, once it held a million
-//     rows. The pools keep their plans for ReplanEvery instead (see
-//     KeepPlans). The foreign-key checks PostgreSQL runs per inserted row
-//     keep their cached plans (plan_cache_mode=force_custom_plan would
-//     replan each: 82 µs a row against 36).
-//   - enable_bitmapscan=off leaves the planner plain index scans where it
-//     would have used a bitmap. The claims read partial indexes (pending
-//     inbox rows, unpublished outbox rows) whose entries for rows that left
-//     them stay until VACUUM. A plain index scan marks each such entry dead
-//     as it passes it, so the next claim skips it; a bitmap scan visits the
-//     heap for every one of them, on every claim, and marks nothing: on an
-//     outbox of 40,000 published rows, 6,157 pages per claim against 111.
-//   - enable_seqscan=off leaves the planner an index where one serves.
-//     Without statistics it takes an equality on a column for one row in
-//     200, so a look-up of a few orders' reservations by their ids
-//     (order_id = ANY(…), the primary key's first column) looked dearer
-//     than reading the table: each batch with cancellations read every
-//     reservation (608,547 rows for 30 cancellations over 100,000
-//     reservations, TestStatementsReadIndexesOnceTheTablesHaveGrown). Every
-//     statement of the flow is written to read by index; one with no
-//     index to use still scans the table, and one that reads a whole
-//     table reads it through an index where it can.
-//   - jit=off: the statements are short, and a cost estimate over JIT's
-//     threshold (100,000) made each compile its expressions first. One
-//     such estimate, for the key ledger's probe in the ingest statement
-//     (a hot part without statistics), cost 45 ms of compilation a
-//     statement where the statement itself took 2, and the flow fell
-//     minutes behind (BENCHMARKS.md, "The dedupe window").
+// Each statement is sent as an unnamed prepared statement (pgx's
+// QueryExecModeCacheDescribe), so PostgreSQL plans it for its parameters
+// and the tables as they are; the pools keep their plans for a while
+// instead (see KeepPlans). The sessions change nothing of the planner's:
+// the statements are written so that the planner reads by index where an
+// index serves, with or without statistics, and the service gives the key
+// ledger's hot parts statistics itself (inbox_keys_analyze_parts), since
+// autovacuum leaves them alone. TestStatementsReadIndexesOnceTheTablesHaveGrown
+// and TestAHeldSnapshotDoesNotGrowWhatAnOrderReads hold the plans to that
+// on tables nobody vacuums or analyzes; BENCHMARKS.md ("The planner left
+// alone") has the figures against the sessions that turned sequential and
+// bitmap scans and JIT off.
 //
-// It also pins durability: synchronous_commit is "on" in every session,
+// It pins durability: synchronous_commit is "on" in every session,
 // whatever the server, the database or the role says (a session's own
 // setting, which pgsession makes once the session is up, overrides ALTER
-// ROLE and ALTER DATABASE). Ingest acks a
-// delivery once its insert has committed; with synchronous_commit = off, a
-// common tuning, that commit may not be on disk yet and a crash loses an
-// acked message. A stronger value given in the connection string
-// (remote_write, remote_apply: the commit waits for a standby) is kept.
+// ROLE and ALTER DATABASE). Ingest acks a delivery once its insert has
+// committed; with synchronous_commit = off, a common tuning, that commit
+// may not be on disk yet and a crash loses an acked message. A stronger
+// value given in the connection string (remote_write, remote_apply: the
+// commit waits for a standby) is kept.
 func ConfigureSession(cc *pgx.ConnConfig) {
 	cc.DefaultQueryExecMode = pgx.QueryExecModeCacheDescribe
-	cc.RuntimeParams["enable_bitmapscan"] = "off"
-	cc.RuntimeParams["enable_seqscan"] = "off"
-	cc.RuntimeParams["jit"] = "off"
 	if !strongCommit[cc.RuntimeParams["synchronous_commit"]] {
 		cc.RuntimeParams["synchronous_commit"] = "on"
 	}
@@ -93,8 +66,8 @@ const plansSince = "inboxd.plans_since"
 // too young for it) nothing would replan it, and a plan kept from when the
 // tables were small may read them whole once they have grown:
 // TestStatementsReadIndexesOnceTheTablesHaveGrown saw a claim scan every
-// processed message (6 million rows for 300 orders; enable_seqscan=off
-// prevents that one), and in one run an anti-join read every attempt of
+// processed message (8.8 million rows for 300 orders, a plan made while
+// the inbox was empty), and in one run an anti-join read every attempt of
 // inbox_attempts by index (302,165 entries). So a connection keeps its
 // plans for ReplanEvery at most, then makes them again for the tables as
 // they are: a few statements' planning every ten seconds.
