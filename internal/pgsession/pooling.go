@@ -131,6 +131,10 @@ func DetectPooling(ctx context.Context, cc *pgx.ConnConfig) (Pooling, error) {
 func probePooling(ctx context.Context, cc *pgx.ConnConfig) (Pooling, error) {
 	cc = cc.Copy()
 	cc.DefaultQueryExecMode = pgx.QueryExecModeSimpleProtocol
+	// pgx runs the simple protocol only in UTF8, which a database of
+	// another encoding (SQL_ASCII, the default of a cluster made with the
+	// C locale) does not report unless asked; a pooler passes it on.
+	cc.RuntimeParams["client_encoding"] = "UTF8"
 	// The two connect at once: a connection costs more than every
 	// statement of the probe.
 	var a, b *pgx.Conn
