@@ -32,5 +32,35 @@ SELECT
               FROM stock s
               CROSS JOIN LATERAL (SELECT f.moved_at FROM stock_moves f
                                   WHERE f.sku = s.sku AND f.id > s.folded_through
-                                  ORDER BY f.id LIMIT 1) m), 0)::float8 AS stock_unfolded_seconds
-FROM outbox_backlog b;
+                                  ORDER BY f.id LIMIT 1) m), 0)::float8 AS stock_unfolded_seconds,
+    held.orders::bigint AS held_back_orders,
+    coalesce(extract(epoch FROM now() - held.oldest), 0)::float8 AS held_back_oldest_seconds,
+    -- The oldest transaction of this database holding a snapshot back
+    -- (backend_xmin set), by its xact_start. pg_stat_activity shows the
+    -- xact_start of other logins' sessions only to members of
+    -- pg_read_all_stats: without it, only the service login's own.
+    coalesce((SELECT extract(epoch FROM now() - min(a.xact_start))
+              FROM pg_catalog.pg_stat_activity a
+              WHERE a.datname = current_database() AND a.backend_xmin IS NOT NULL
+                AND a.pid <> pg_backend_pid()), 0)::float8 AS oldest_snapshot_seconds
+FROM outbox_backlog b
+-- The orders held back, as inbox_held_back reads them: each order's first
+-- open message, dead or failed (last_error set), whose next open message
+-- is pending; the age that of this next message. The blocking messages are
+-- read through the dead rows' index and the pending ones' from the claim
+-- floor, and each of their orders through the open rows' index.
+CROSS JOIN LATERAL (
+    SELECT count(*) AS orders, min(w.received_at) AS oldest
+    FROM (SELECT d.id, d.order_key FROM inbox d
+          WHERE d.status = 'dead' AND d.order_key IS NOT NULL
+          UNION ALL
+          SELECT p.id, p.order_key FROM inbox p
+          WHERE p.status = 'pending' AND p.id >= inbox_claim_floor()
+            AND p.last_error IS NOT NULL AND p.order_key IS NOT NULL) h
+    CROSS JOIN LATERAL (SELECT w.status, w.received_at FROM inbox w
+                        WHERE w.order_key = h.order_key AND w.id > h.id AND w.status <> 'processed'
+                        ORDER BY w.id LIMIT 1) w
+    WHERE w.status = 'pending'
+      AND NOT EXISTS (SELECT 1 FROM inbox e
+                      WHERE e.order_key = h.order_key AND e.id < h.id AND e.status <> 'processed')
+) held;

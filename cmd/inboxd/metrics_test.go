@@ -178,6 +178,15 @@ func TestMetricsAndReadiness(t *testing.T) {
 	unfolded, ok := got["inboxd_stock_unfolded_age_seconds"]
 	require.True(t, ok, "the age of the stock moves not folded yet is exported")
 	require.InDelta(t, 30, unfolded, 30)
+	// No order waits behind a failed message; the held snapshots' age is
+	// exported (the workload's own transactions, if any, are short).
+	for _, name := range []string{"inboxd_inbox_held_back_orders", "inboxd_inbox_held_back_oldest_age_seconds"} {
+		held, ok := got[name]
+		require.True(t, ok, "%s is exported", name)
+		require.Zero(t, held, name)
+	}
+	_, ok = got["inboxd_database_oldest_snapshot_age_seconds"]
+	require.True(t, ok, "the oldest held snapshot's age is exported")
 
 	proxy.stop()
 	require.Eventually(t, func() bool {

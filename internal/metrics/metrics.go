@@ -195,13 +195,17 @@ var (
 	keyGenDesc     = prometheus.NewDesc("inboxd_inbox_key_generation_age_seconds", "Age of the key ledger's current generation: a seventh of INBOX_DEDUPE_WINDOW at most while the janitors rotate it.", nil, nil)
 	hotPartDesc    = prometheus.NewDesc("inboxd_inbox_key_hot_part_waiting_seconds", "How long a hot part of the key ledger has waited, sealed or merged, to be moved into its slot and emptied (0 when none waits): a minute or so at most while the janitors run.", nil, nil)
 	unfoldedDesc   = prometheus.NewDesc("inboxd_stock_unfolded_age_seconds", "Age of the oldest stock move not folded into stock.available yet: up to about 30 s while the folds run (longer for a SKU whose row is held at each fold).", nil, nil)
-	upDesc         = prometheus.NewDesc("inboxd_inbox_database_up", "Whether the last scrape could read the database.", nil, nil)
-	holderDesc     = prometheus.NewDesc("inboxd_inbox_database_gauges_exporter",
-		"1 in the one process that exports the gauges read from the database, the elected leader (inboxd_inbox_pending, inboxd_inbox_dead, inboxd_inbox_oldest_pending_age_seconds, inboxd_outbox_backlog, inboxd_outbox_dead, inboxd_outbox_oldest_unpublished_age_seconds, inboxd_outbox_replies_unpublished, inboxd_outbox_replies_undeliverable, inboxd_inbox_key_generation_age_seconds, inboxd_inbox_key_hot_part_waiting_seconds, inboxd_stock_unfolded_age_seconds), 0 in the others.", nil, nil)
+	heldDesc       = prometheus.NewDesc("inboxd_inbox_held_back_orders", "Orders whose later messages wait behind their first open message, dead or failed and waiting for its retry (the orders inbox_held_back lists).", nil, nil)
+	heldOldDesc    = prometheus.NewDesc("inboxd_inbox_held_back_oldest_age_seconds", "Age of the oldest message held back behind an earlier message of its order that is dead or waiting for its retry (0 when none is).", nil, nil)
+	snapshotDesc   = prometheus.NewDesc("inboxd_database_oldest_snapshot_age_seconds",
+		"Age of the oldest transaction of the database holding a snapshot (backend_xmin set in pg_stat_activity; 0 when none but the scrape's): vacuum removes no row version ended since it began. PostgreSQL shows the transaction start of other logins' sessions only to members of pg_read_all_stats: without that role, the service login's own sessions only. Replication slots are not counted.", nil, nil)
+	upDesc     = prometheus.NewDesc("inboxd_inbox_database_up", "Whether the last scrape could read the database.", nil, nil)
+	holderDesc = prometheus.NewDesc("inboxd_inbox_database_gauges_exporter",
+		"1 in the one process that exports the gauges read from the database, the elected leader (inboxd_inbox_pending, inboxd_inbox_dead, inboxd_inbox_oldest_pending_age_seconds, inboxd_outbox_backlog, inboxd_outbox_dead, inboxd_outbox_oldest_unpublished_age_seconds, inboxd_outbox_replies_unpublished, inboxd_outbox_replies_undeliverable, inboxd_inbox_key_generation_age_seconds, inboxd_inbox_key_hot_part_waiting_seconds, inboxd_stock_unfolded_age_seconds, inboxd_inbox_held_back_orders, inboxd_inbox_held_back_oldest_age_seconds, inboxd_database_oldest_snapshot_age_seconds), 0 in the others.", nil, nil)
 )
 
 func (g *gauges) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{pendingDesc, deadDesc, oldestDesc, backlogDesc, outboxDeadDesc, outboxOldDesc, repliesDesc, undeliverDesc, keyGenDesc, hotPartDesc, unfoldedDesc, upDesc, holderDesc} {
+	for _, d := range []*prometheus.Desc{pendingDesc, deadDesc, oldestDesc, backlogDesc, outboxDeadDesc, outboxOldDesc, repliesDesc, undeliverDesc, keyGenDesc, hotPartDesc, unfoldedDesc, heldDesc, heldOldDesc, snapshotDesc, upDesc, holderDesc} {
 		ch <- d
 	}
 }
@@ -250,6 +254,9 @@ func (g *gauges) read() []prometheus.Metric {
 		gauge(keyGenDesc, row.KeyGenerationSeconds),
 		gauge(hotPartDesc, row.KeyHotPartWaitingSeconds),
 		gauge(unfoldedDesc, row.StockUnfoldedSeconds),
+		gauge(heldDesc, float64(row.HeldBackOrders)),
+		gauge(heldOldDesc, row.HeldBackOldestSeconds),
+		gauge(snapshotDesc, row.OldestSnapshotSeconds),
 	}
 }
 
