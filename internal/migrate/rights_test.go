@@ -1,14 +1,13 @@
 package migrate_test
 
 import (
-	"os"
-	"regexp"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/orderconfirm/inboxd/internal/doctable"
 	"github.com/orderconfirm/inboxd/internal/testenv"
 )
 
@@ -27,42 +26,13 @@ type rightsRow struct {
 	rights  map[string]string
 }
 
-// docTable returns the cells of each row of the table between docs/doc's
-// "<!-- name: begin -->" and "<!-- name: end -->" markers, under its header,
-// failing the test on a row that has not columns cells.
-func docTable(t *testing.T, doc, name string, columns int) [][]string {
-	t.Helper()
-	text, err := os.ReadFile("../../docs/" + doc)
-	require.NoError(t, err)
-	_, rest, ok := strings.Cut(string(text), "<!-- "+name+": begin -->\n")
-	require.True(t, ok, "docs/%s has the %s table's begin marker", doc, name)
-	table, _, ok := strings.Cut(rest, "<!-- "+name+": end -->")
-	require.True(t, ok, "docs/%s has the %s table's end marker", doc, name)
-	var rows [][]string
-	for _, line := range strings.Split(strings.TrimSpace(table), "\n")[2:] {
-		cells := strings.Split(strings.Trim(line, "| "), " | ")
-		require.Len(t, cells, columns, "a row of the %s table in docs/%s: %s", name, doc, line)
-		rows = append(rows, cells)
-	}
-	return rows
-}
-
-// backquoted returns the names a table cell gives in backquotes.
-func backquoted(cell string) []string {
-	var names []string
-	for _, m := range regexp.MustCompile("`([^`]+)`").FindAllStringSubmatch(cell, -1) {
-		names = append(names, m[1])
-	}
-	return names
-}
-
 // readmeRights reads the rights table between docs/security.md's markers.
 func readmeRights(t *testing.T) []rightsRow {
 	t.Helper()
 	var rows []rightsRow
-	for _, cells := range docTable(t, "security.md", "rights", 6) {
+	for _, cells := range doctable.Table(t, "security.md", "rights", 6) {
 		row := rightsRow{definer: strings.Contains(cells[1], "runs as the owner"), rights: map[string]string{}}
-		row.objects = backquoted(cells[0])
+		row.objects = doctable.Backquoted(cells[0])
 		if len(row.objects) == 0 {
 			require.Equal(t, otherFunctions, cells[0], "a row names its objects in backquotes")
 		}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/orderconfirm/inboxd/internal/doctable"
 	"github.com/orderconfirm/inboxd/internal/testenv"
 )
 
@@ -16,9 +17,9 @@ func TestEveryTriggerIsListedWithItsReason(t *testing.T) {
 	t.Parallel()
 	db := testenv.NewDB(t)
 	var listed []string
-	for _, cells := range docTable(t, "schema.md", "triggers", 3) {
+	for _, cells := range doctable.Table(t, "schema.md", "triggers", 3) {
 		require.NotEmpty(t, strings.TrimSpace(cells[2]), "a reason for %s", cells[0])
-		listed = append(listed, backquoted(cells[0])...)
+		listed = append(listed, doctable.Backquoted(cells[0])...)
 	}
 	slices.Sort(listed)
 	got := db.Strings(t, `
