@@ -14,8 +14,10 @@ import (
 	"testing"
 	"time"
 
+	dto "github.com/prometheus/client_model/go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/orderconfirm/inboxd/internal/doctable"
 	"github.com/orderconfirm/inboxd/internal/loadgen"
 	"github.com/orderconfirm/inboxd/internal/metrics"
 )
@@ -93,6 +95,48 @@ func requireInboxdNames(t *testing.T, samples map[string]float64) {
 	require.Empty(t, others, "metrics not named inboxd_…")
 }
 
+// documentedMetrics returns the metrics docs/operations.md's metrics table
+// ("Metrics and health") names: the inboxd_… names in backquotes in its
+// first column, without their labels (a histogram by its family's name).
+func documentedMetrics(t *testing.T) []string {
+	t.Helper()
+	var names []string
+	for _, cells := range doctable.Table(t, "operations.md", "metrics", 2) {
+		for _, name := range doctable.Backquoted(cells[0]) {
+			name, _, _ = strings.Cut(name, "{")
+			if strings.HasPrefix(name, "inboxd_") && !slices.Contains(names, name) {
+				names = append(names, name)
+			}
+		}
+	}
+	return names
+}
+
+// requireMetricsDocumented fails the test unless the metrics of inboxd's
+// own in families (a scrape of /metrics) are the ones docs/operations.md's
+// metrics table names, no more and no fewer. Go's runtime and process
+// metrics (go_…, process_…) are the client library's standard ones, not
+// in the table.
+func requireMetricsDocumented(t *testing.T, families map[string]*dto.MetricFamily) {
+	t.Helper()
+	documented := documentedMetrics(t)
+	require.NotEmpty(t, documented)
+	var undocumented, notExported []string
+	for name := range families {
+		if strings.HasPrefix(name, "inboxd_") && !slices.Contains(documented, name) {
+			undocumented = append(undocumented, name)
+		}
+	}
+	for _, name := range documented {
+		if families[name] == nil {
+			notExported = append(notExported, name)
+		}
+	}
+	slices.Sort(undocumented)
+	require.Empty(t, undocumented, "metrics inboxd exports that docs/operations.md's metrics table does not list")
+	require.Empty(t, notExported, "metrics docs/operations.md's metrics table lists that inboxd does not export")
+}
+
 // Acceptance: /metrics exposes the named metrics with the right counts after
 // a known workload, and /readyz fails while PostgreSQL is unreachable.
 func TestMetricsAndReadiness(t *testing.T) {
@@ -160,6 +204,11 @@ func TestMetricsAndReadiness(t *testing.T) {
 	}())
 	got := scrape(t, addr)
 	requireInboxdNames(t, got)
+	// Every metric is exported now: this process leads (inboxd_inbox_dead,
+	// a gauge only the leader exports, is 1 above), and the others (the
+	// pools', the unroutable events, the active partitions, the standby)
+	// are exported by every serve whatever its settings.
+	requireMetricsDocumented(t, scrapeFamilies(t, addr))
 	_, ok := got[`inboxd_janitor_deleted_total{rows="processed"}`]
 	require.True(t, ok, "the janitor's deletions are exported before its first")
 	require.Positive(t, got["inboxd_inbox_ingest_batch_size_count"])
