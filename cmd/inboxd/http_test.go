@@ -107,9 +107,11 @@ func TestProbesAreNeverPaced(t *testing.T) {
 	for _, path := range []string{"GET /healthz", "GET /readyz", "GET /metrics"} {
 		mux.HandleFunc(path, ok)
 	}
-	// A page whose overall rate is spent by the first request and whose
-	// requests never wait for a turn.
-	h := routes(mux, http.HandlerFunc(ok), pace{rate: 0.001, burst: 1, wait: time.Millisecond, clientRate: 0.001, clientBurst: 1})
+	// A page whose overall rate is spent by the first request. Its next
+	// turn is 1,000 s away, past any wait, so a request over the rate is
+	// refused at once; a wait of a millisecond could end before the first
+	// request's own check on a loaded machine (the race run's), refusing it.
+	h := routes(mux, http.HandlerFunc(ok), pace{rate: 0.001, burst: 1, wait: time.Second, clientRate: 0.001, clientBurst: 1})
 	get := func(path, client string) int {
 		rec := httptest.NewRecorder()
 		req := httptest.NewRequest(http.MethodGet, path, nil)
