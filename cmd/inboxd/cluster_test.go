@@ -21,6 +21,9 @@ import (
 // producer is stored and handled once, and every event arrives downstream,
 // under its one id.
 func TestIngestFollowsTheClusterWhenItsNodeIsKilled(t *testing.T) {
+	if raceEnabled {
+		t.Skip("a broker cluster's failover, a minute and more of it: the race run repeats inboxd's reconnects in TestSurvivesBrokerConnectionLoss and the partitions in TestPartitionedReplicasShareThePartitionsAndKeepOrder")
+	}
 	t.Parallel()
 	c := testenv.NewCluster(t, 3)
 	db := testenv.NewDB(t)
