@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -22,10 +23,29 @@ import (
 // session, and PostgreSQL ends it after livenessIdleLimit.
 type liveness struct {
 	key *pgsession.SessionKey
+	// first is closed once the key is held for the first time.
+	first     chan struct{}
+	firstOnce sync.Once
 }
 
 func newLiveness() *liveness {
-	return &liveness{key: pgsession.NewSessionKey()}
+	return &liveness{key: pgsession.NewSessionKey(), first: make(chan struct{})}
+}
+
+// waitFirst waits until the key has been held once, for at most limit, or
+// until ctx ends. The worker claims only then: a claim taken before carries
+// no key, so it is taken over once its lease ends, while the process still
+// handles it (a slow batch, taken over, spent a second attempt), and only
+// then if the process dies. Past limit (no session to be had) the claims
+// go on, covered by the lease alone.
+func (l *liveness) waitFirst(ctx context.Context, limit time.Duration) {
+	t := time.NewTimer(limit)
+	defer t.Stop()
+	select {
+	case <-l.first:
+	case <-t.C:
+	case <-ctx.Done():
+	}
 }
 
 // session returns the key claims should carry: 0, for none, while the lock
@@ -66,6 +86,7 @@ func (l *liveness) hold(ctx context.Context, config *pgx.ConnConfig, logger *slo
 			return err
 		}
 		defer l.key.Release()
+		l.firstOnce.Do(func() { close(l.first) })
 		tick := time.NewTicker(livenessPing)
 		defer tick.Stop()
 		for {

@@ -98,6 +98,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		var live sync.WaitGroup
 		live.Go(startstop.Guard(func() { w.live.hold(liveCtx, w.pool.Config().ConnConfig, w.logger) }))
 		defer func() { endLiveness(); live.Wait() }()
+		w.live.waitFirst(fetchCtx, livenessIdleLimit)
 		var wg sync.WaitGroup
 		for i := range w.cfg.Concurrency {
 			wg.Go(startstop.Guard(func() { w.loop(fetchCtx, workCtx, i) }))
