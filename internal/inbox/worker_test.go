@@ -957,14 +957,18 @@ func TestASlowBatchSlowsOnlyItself(t *testing.T) {
 	h := &slowHandler{effectHandler: b.handler, entered: make(chan struct{}), release: make(chan struct{})}
 	w, err := inbox.NewWorker(b.db.Pool, &inbox.WorkerConfig{
 		Handler: h, Logger: testenv.Logger(t), Concurrency: 2, BatchSize: 10,
-		PollInterval: 20 * time.Millisecond, ClaimLease: 100 * time.Millisecond, HandlerTimeout: time.Minute,
+		PollInterval: 20 * time.Millisecond, HandlerTimeout: time.Minute,
+		// Longer than a loaded machine may take between a claim's commit
+		// and its batch's lock of the row, when the row is the worker's own
+		// claim past its lease and nobody's lock keeps it from a takeover.
+		ClaimLease: time.Second,
 	})
 	require.NoError(t, err)
 	insertOrdered(t, b.db.Pool, "slow", "")
 	require.NoError(t, w.Start(t.Context()))
 	t.Cleanup(func() { w.Stop(context.WithoutCancel(t.Context())) })
 	<-h.entered
-	time.Sleep(300 * time.Millisecond) // the slow batch's claim is past its lease
+	time.Sleep(1200 * time.Millisecond) // the slow batch's claim is past its lease
 
 	for i := range 20 {
 		insertOrdered(t, b.db.Pool, fmt.Sprintf("m-%d", i), "")
