@@ -985,6 +985,38 @@ func TestASlowBatchSlowsOnlyItself(t *testing.T) {
 	require.Zero(t, b.db.Int(t, "SELECT count(*) FROM inbox_attempts WHERE outcome = 'abandoned'"))
 }
 
+// A worker claims only once its liveness key is held: a claim taken before
+// carries none, so it is taken over only once its lease ends, even when
+// the process dies at once (TestADeadReplicasClaimsAreTakenOverBeforeTheLease
+// failed so on a loaded machine). Here another session keeps the liveness
+// session from registering its key for a while.
+func TestTheWorkerClaimsOnceItsLivenessKeyIsHeld(t *testing.T) {
+	t.Parallel()
+	b := setupWorker(t)
+	ctx := t.Context()
+	blocker, err := b.db.Session(t).Begin(ctx)
+	require.NoError(t, err)
+	_, err = blocker.Exec(ctx, "LOCK TABLE inbox_sessions IN EXCLUSIVE MODE")
+	require.NoError(t, err)
+
+	w, err := inbox.NewWorker(b.db.Pool, &inbox.WorkerConfig{
+		Handler: b.handler, Logger: testenv.Logger(t), Concurrency: 2, BatchSize: 10,
+		PollInterval: 20 * time.Millisecond, HandlerTimeout: time.Minute,
+	})
+	require.NoError(t, err)
+	insertOrdered(t, b.db.Pool, "m-1", "")
+	require.NoError(t, w.Start(ctx))
+	t.Cleanup(func() { w.Stop(context.WithoutCancel(ctx)) })
+	time.Sleep(500 * time.Millisecond)
+	require.Zero(t, b.db.Int(t, "SELECT count(*) FROM inbox WHERE claimed_at IS NOT NULL OR status <> 'pending'"),
+		"nothing is claimed before the liveness key is held")
+
+	require.NoError(t, blocker.Rollback(ctx))
+	require.Eventually(t, func() bool {
+		return readRow(t, b.db.Pool, "m-1").Status == inbox.StatusProcessed
+	}, 10*time.Second, 10*time.Millisecond)
+}
+
 // A batch whose database connection is lost while the handler runs (here
 // its backend is terminated, as a failover or a restart does) was not the
 // messages' failure: the worker gives the claims back before it claims
