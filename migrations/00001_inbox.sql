@@ -223,10 +223,13 @@ CREATE INDEX inbox_conflicts_last_seen_at_idx ON inbox_conflicts (last_seen_at);
 -- each with the same result; a replay that ends answers every request again.
 --
 -- inbox_reply_requests holds one row per delivery that asked. Ingest inserts
--- it in the statement that stores the delivery, so an ack means the request
--- is stored too; the transaction that ends the message queues the replies
--- of the requests it sees. No foreign key to inbox: a request may outlive
--- its message (see inbox_reply_forgotten and the received_at index).
+-- it in the statement that stores the delivery, and answers it in the same
+-- transaction, so an ack means the request is stored too, and its reply
+-- queued if its message had ended; the transaction that ends the message
+-- answers the requests it sees, and the workers' sweep those left over. One
+-- statement answers in all three places (InboxReplyAnswer). No foreign key
+-- to inbox: a request may outlive its message (a copy of a message whose
+-- row has left is answered 'forgotten'; see also the received_at index).
 CREATE TABLE inbox_reply_requests (
     id             bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     message_id     text        NOT NULL,
@@ -249,140 +252,10 @@ CREATE INDEX inbox_reply_requests_message_id_idx ON inbox_reply_requests (messag
 
 -- The requests still waiting for a first reply: those of messages not
 -- handled yet, and those that arrived while their message was being handled
--- (the workers answer those with InboxReplyAnswerLeft).
+-- (the workers' sweep finds those with InboxReplyLeft).
 CREATE INDEX inbox_reply_requests_unanswered_idx ON inbox_reply_requests (id) WHERE answered_run IS NULL;
 
 -- The janitor deletes a request with its message, and any request older
 -- than the dead retention by age: one whose message was deleted between
 -- ingest's check and its insert has no message to go with.
 CREATE INDEX inbox_reply_requests_received_at_idx ON inbox_reply_requests (received_at);
-
--- inbox_reply_answer queues the reply of each request of request_ids whose
--- message has ended and was not answered with this run's result yet,
--- records the answer, and returns how many replies it queued. A reply is an
--- outbox row with reply_to set and no order_key (it holds back no event and
--- none holds it back); its idempotency key 'reply:<request id>:<run>' is the
--- same however often it is queued, so a requester can drop a copy. Callers:
--- inbox_reply_requests_answer, and the worker's transaction that ends
--- messages (InboxReplyAnswer) and its sweep (InboxReplyAnswerLeft).
---
--- A request another session holds is skipped, never waited for: the
--- handler's transaction must not wait on someone else's lock; the sweep
--- answers it once free. plan_cache_mode: the statement is planned at each
--- call, for the tables as they are; a plan cached while they were small (a
--- sequential scan) is never replanned where they are not analyzed, and
--- took 5 ms a message once they had grown.
--- +goose StatementBegin
-CREATE FUNCTION inbox_reply_answer(request_ids bigint[]) RETURNS integer
-LANGUAGE plpgsql
-SET plan_cache_mode = force_custom_plan
-AS $$
-DECLARE
-    queued integer;
-BEGIN
-    WITH due AS (
-        SELECT r.id, r.message_id, r.reply_to, coalesce(r.correlation_id, r.message_id) AS correlation_id,
-               i.replay_count AS run, i.traceparent, i.tracestate,
-               CASE WHEN i.status = 'dead'
-                    THEN jsonb_build_object('outcome', 'dead', 'error', i.last_error)
-                    ELSE coalesce(i.reply, jsonb_build_object('outcome', 'processed', 'result', i.result))
-               END || jsonb_build_object('messageId', i.message_id, 'orderId', i.order_key,
-                                         'status', i.status, 'run', i.replay_count) AS body
-        FROM inbox_reply_requests r
-        JOIN inbox i ON i.message_id = r.message_id
-        WHERE r.id = ANY(request_ids)
-          AND i.status IN ('processed', 'dead')
-          AND r.answered_run IS DISTINCT FROM i.replay_count
-        ORDER BY r.id
-        FOR UPDATE OF r SKIP LOCKED
-    ), answered AS (
-        UPDATE inbox_reply_requests r
-        SET answered_run = due.run, answered_at = statement_timestamp()
-        FROM due
-        WHERE r.id = due.id
-    )
-    INSERT INTO outbox (idempotency_key, routing_key, payload, message_id, reply_to, correlation_id, traceparent, tracestate)
-    SELECT 'reply:' || due.id || ':' || due.run, 'reply', due.body, due.message_id, due.reply_to, due.correlation_id,
-           due.traceparent, due.tracestate
-    FROM due
-    ORDER BY due.id
-    ON CONFLICT (idempotency_key) DO NOTHING;
-    GET DIAGNOSTICS queued = ROW_COUNT;
-    IF queued > 0 THEN
-        -- Wakes the relays (see OutboxInsertMany).
-        PERFORM pg_notify('outbox_pending', current_schema());
-    END IF;
-    RETURN queued;
-END;
-$$;
--- +goose StatementEnd
-
--- inbox_reply_forgotten answers the requests of request_ids for a message
--- whose row has left (past INBOX_RETENTION) while the key ledger still
--- remembers its id: the copy is a duplicate, so nothing runs again, and the
--- result is not kept. The reply says so, as run 0 ('reply:<request id>:0'),
--- rather than leave the requester waiting for an answer that will not come.
--- Locks and plans as inbox_reply_answer.
--- +goose StatementBegin
-CREATE FUNCTION inbox_reply_forgotten(request_ids bigint[]) RETURNS integer
-LANGUAGE plpgsql
-SET plan_cache_mode = force_custom_plan
-SET search_path FROM CURRENT
-AS $$
-DECLARE
-    queued integer;
-BEGIN
-    WITH due AS (
-        SELECT r.id, r.message_id, r.reply_to, coalesce(r.correlation_id, r.message_id) AS correlation_id
-        FROM inbox_reply_requests r
-        WHERE r.id = ANY(request_ids)
-          AND r.answered_run IS NULL
-          AND NOT EXISTS (SELECT 1 FROM inbox i WHERE i.message_id = r.message_id)
-          AND EXISTS (SELECT 1 FROM inbox_keys k WHERE k.message_id = r.message_id)
-        ORDER BY r.id
-        FOR UPDATE OF r SKIP LOCKED
-    ), answered AS (
-        UPDATE inbox_reply_requests r
-        SET answered_run = 0, answered_at = statement_timestamp()
-        FROM due
-        WHERE r.id = due.id
-    )
-    INSERT INTO outbox (idempotency_key, routing_key, payload, message_id, reply_to, correlation_id)
-    SELECT 'reply:' || due.id || ':0', 'reply',
-           jsonb_build_object('messageId', due.message_id, 'status', 'unknown', 'run', 0, 'outcome', 'forgotten',
-                              'error', 'the message was stored before and has ended; its result is no longer kept (INBOX_RETENTION)'),
-           due.message_id, due.reply_to, due.correlation_id
-    FROM due
-    ORDER BY due.id
-    ON CONFLICT (idempotency_key) DO NOTHING;
-    GET DIAGNOSTICS queued = ROW_COUNT;
-    IF queued > 0 THEN
-        -- Wakes the relays (see OutboxInsertMany).
-        PERFORM pg_notify('outbox_pending', current_schema());
-    END IF;
-    RETURN queued;
-END;
-$$;
--- +goose StatementEnd
-
--- A request is answered in the statement that stores it when its message
--- has ended already, or has left and is remembered.
--- +goose StatementBegin
-CREATE FUNCTION inbox_reply_requests_answer() RETURNS trigger
-LANGUAGE plpgsql
-AS $$
-BEGIN
-    -- A statement trigger runs for every ingest batch, requests or not.
-    IF EXISTS (SELECT 1 FROM new_rows) THEN
-        PERFORM inbox_reply_answer(array(SELECT id FROM new_rows));
-        PERFORM inbox_reply_forgotten(array(SELECT id FROM new_rows));
-    END IF;
-    RETURN NULL;
-END;
-$$;
--- +goose StatementEnd
-
-CREATE TRIGGER inbox_reply_requests_insert
-AFTER INSERT ON inbox_reply_requests
-REFERENCING NEW TABLE AS new_rows
-FOR EACH STATEMENT EXECUTE FUNCTION inbox_reply_requests_answer();

@@ -12,6 +12,5 @@ LISTEN inbox_pending;
 -- name: SessionListenOutboxPending :exec
 -- SessionListenOutboxPending subscribes the session to the outbox_pending
 -- notifications sent by the statements that write outbox rows
--- (OutboxInsertMany, and the replies of inbox_reply_answer and
--- inbox_reply_forgotten).
+-- (OutboxInsertMany, and the replies of InboxReplyAnswer).
 LISTEN outbox_pending;

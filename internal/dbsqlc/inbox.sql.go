@@ -273,7 +273,8 @@ WITH u AS (
         result          = nullif(u.result, ''),
         last_error      = nullif(u.last_error, ''),
         -- The handler's reply, kept for the requests still to come (see
-        -- inbox_reply_requests); a trigger answers those already here.
+        -- inbox_reply_requests); the transaction answers those already
+        -- here (InboxReplyAnswer).
         reply           = nullif(u.reply, '')::jsonb,
         -- When the outcome was recorded, after the handler ran (now() would
         -- be the start of the transaction).
@@ -494,6 +495,7 @@ WITH m AS (
             AND r.correlation_id IS NOT DISTINCT FROM nullif(a.correlation_id, '')
       ))
     ORDER BY a.n
+    RETURNING id, message_id
 ), stored AS (
     INSERT INTO inbox (message_id, message_type, routing_key, payload, order_key, traceparent, tracestate, user_id)
     SELECT m.message_id, m.message_type, m.routing_key, m.payload, nullif(m.order_key, ''),
@@ -513,10 +515,12 @@ WITH m AS (
     -- so that a process ignores wake-ups meant for another schema.
     SELECT pg_notify('inbox_pending', current_schema()) FROM (SELECT 1 FROM stored LIMIT 1) AS any_stored
 )
-SELECT stored.message_id, false AS another_user FROM stored, (SELECT count(*) FROM woken) AS w
+SELECT stored.message_id, false AS another_user, 0::bigint AS request_id FROM stored, (SELECT count(*) FROM woken) AS w
 UNION ALL
-SELECT a.message_id, true FROM asking a
+SELECT a.message_id, true, 0 FROM asking a
 WHERE a.first_user IS NOT NULL AND a.first_user IS DISTINCT FROM nullif(a.user_id, '')
+UNION ALL
+SELECT requests.message_id, false, requests.id FROM requests
 `
 
 type InboxInsertManyParams struct {
@@ -536,12 +540,14 @@ type InboxInsertManyParams struct {
 type InboxInsertManyRow struct {
 	MessageID   string
 	AnotherUser bool
+	RequestID   int64
 }
 
 // InboxInsertMany stores a batch of messages in arrival order, skipping every
 // message whose message_id the key ledger (inbox_keys) remembers, or that is
 // already in the inbox (or earlier in the batch), and returns the message
-// ids it inserted. The ledger knows the ids stored within the dedupe
+// ids it inserted (the rows with neither another_user nor a request_id, see
+// below). The ledger knows the ids stored within the dedupe
 // window, also those whose rows left; asked here for the whole batch, it
 // tells the trigger that refuses remembered ids to other writers
 // (inbox_keys_known) not to ask again. The unique index on message_id makes
@@ -554,14 +560,15 @@ type InboxInsertManyRow struct {
 // out, every row has none. An empty user_id is stored as NULL.
 //
 // Each delivery with a reply_to, new or duplicate, is stored as a reply
-// request in the same statement (a trigger answers it at once when its
-// message was handled already), except a redelivery (the broker's, after a
+// request in the same statement, except a redelivery (the broker's, after a
 // lost ack) of a request stored before: same message, reply_to and
 // correlation_id; and except a copy whose user_id is not the one the
 // message's first delivery carried, when that one carried any (the stored
 // row's, or the batch's first with the id): such a request is returned,
 // with another_user set, and never answered. An empty correlation_id is
-// stored as NULL.
+// stored as NULL. Each request stored is returned too, as a row with its
+// request_id (0 in the other rows), for the caller to answer in the same
+// transaction (InboxReplyAnswer): its message may have ended already.
 func (q *Queries) InboxInsertMany(ctx context.Context, db DBTX, arg InboxInsertManyParams) ([]InboxInsertManyRow, error) {
 	rows, err := db.Query(ctx, inboxInsertMany,
 		arg.MessageIds,
@@ -583,7 +590,7 @@ func (q *Queries) InboxInsertMany(ctx context.Context, db DBTX, arg InboxInsertM
 	var items []InboxInsertManyRow
 	for rows.Next() {
 		var i InboxInsertManyRow
-		if err := rows.Scan(&i.MessageID, &i.AnotherUser); err != nil {
+		if err := rows.Scan(&i.MessageID, &i.AnotherUser, &i.RequestID); err != nil {
 			return nil, err
 		}
 		items = append(items, i)
@@ -645,7 +652,7 @@ type InboxLockClaimedRow struct {
 //
 // reply_request_ids are the message's reply requests stored by now: the
 // transaction answers them when the message ends (InboxReplyAnswer); a
-// request stored later is answered by InboxReplyAnswerLeft.
+// request stored later is found by the workers' sweep (InboxReplyLeft).
 func (q *Queries) InboxLockClaimed(ctx context.Context, db DBTX, arg InboxLockClaimedParams) ([]InboxLockClaimedRow, error) {
 	rows, err := db.Query(ctx, inboxLockClaimed, arg.Ids, arg.ClaimedAts)
 	if err != nil {
@@ -753,15 +760,77 @@ func (q *Queries) InboxRecordConflicts(ctx context.Context, db DBTX, arg InboxRe
 }
 
 const inboxReplyAnswer = `-- name: InboxReplyAnswer :one
-SELECT inbox_reply_answer($1::bigint[])::integer AS queued
+WITH due AS (
+    SELECT r.id, r.message_id, r.reply_to, coalesce(r.correlation_id, r.message_id) AS correlation_id,
+           coalesce(i.replay_count, 0) AS run, i.traceparent, i.tracestate,
+           CASE WHEN i.id IS NULL
+                THEN jsonb_build_object('messageId', r.message_id, 'status', 'unknown', 'run', 0, 'outcome', 'forgotten',
+                                        'error', 'the message was stored before and has ended; its result is no longer kept (INBOX_RETENTION)')
+                ELSE CASE WHEN i.status = 'dead'
+                          THEN jsonb_build_object('outcome', 'dead', 'error', i.last_error)
+                          ELSE coalesce(i.reply, jsonb_build_object('outcome', 'processed', 'result', i.result))
+                     END || jsonb_build_object('messageId', i.message_id, 'orderId', i.order_key,
+                                               'status', i.status, 'run', i.replay_count)
+           END AS body
+    FROM inbox_reply_requests r
+    LEFT JOIN inbox i ON i.message_id = r.message_id
+    WHERE r.id = ANY($1::bigint[])
+      AND CASE WHEN i.id IS NULL
+               THEN r.answered_run IS NULL
+                    AND EXISTS (SELECT 1 FROM inbox_keys k WHERE k.message_id = r.message_id)
+               ELSE i.status IN ('processed', 'dead') AND r.answered_run IS DISTINCT FROM i.replay_count
+          END
+    ORDER BY r.id
+    FOR UPDATE OF r SKIP LOCKED
+), answered AS (
+    UPDATE inbox_reply_requests r
+    SET answered_run = due.run, answered_at = statement_timestamp()
+    FROM due
+    WHERE r.id = due.id
+), queued AS (
+    INSERT INTO outbox (idempotency_key, routing_key, payload, message_id, reply_to, correlation_id, traceparent, tracestate)
+    SELECT 'reply:' || due.id || ':' || due.run, 'reply', due.body, due.message_id, due.reply_to, due.correlation_id,
+           due.traceparent, due.tracestate
+    FROM due
+    ORDER BY due.id
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING 1
+), woken AS (
+    -- Wakes the relays (LISTEN outbox_pending) at commit; the payload is
+    -- the schema, so that a process ignores wake-ups meant for another.
+    SELECT pg_notify('outbox_pending', current_schema()) FROM (SELECT 1 FROM queued LIMIT 1) AS any_queued
+)
+SELECT count(*)::integer AS queued FROM queued, (SELECT count(*) FROM woken) AS w
 `
 
-// InboxReplyAnswer queues the replies of the requests request_ids whose
-// message has ended (processed or dead), in the calling transaction: the
-// handler's, for the requests InboxLockClaimed found. The requests are
-// named by their keys, which the planner estimates right on tables nobody
-// analyzes (a message id list is taken for a share of the table). It
-// returns how many replies it queued.
+// InboxReplyAnswer queues, in the calling transaction, the reply of each
+// request of request_ids that has one due, records the answer, and returns
+// how many replies it queued. A request is due
+//   - when its message has ended (processed or dead) and the request was
+//     not answered with this run's result yet: the reply carries the
+//     result, its idempotency key is 'reply:<request id>:<run>' (the run is
+//     inbox.replay_count, so a replay that ends answers again);
+//   - when it was never answered and its message's row has left (past
+//     INBOX_RETENTION) while the key ledger still remembers the id: the copy
+//     is a duplicate, so nothing runs again, and the result is not kept.
+//     The reply says so, as run 0 ('reply:<request id>:0'), rather than
+//     leave the requester waiting for an answer that will not come.
+//
+// A reply is an outbox row with reply_to set and no order_key (it holds
+// back no event and none holds it back); its key is the same however often
+// it is queued, so a requester can drop a copy. It is the one statement
+// that answers requests: ingest runs it in the transaction that stores
+// them (InboxInsertMany returns their ids), the worker in the transaction
+// that ends their messages (for the requests InboxLockClaimed found), and
+// the workers' sweep for those left over (InboxReplyLeft).
+//
+// A request another session holds is skipped, never waited for: the
+// handler's transaction must not wait on someone else's lock; the sweep
+// answers it once free. The requests are named by their keys, which the
+// planner estimates right on tables nobody analyzes (a message id list is
+// taken for a share of the table): a plan made for any request_ids reads
+// each table by index, as one made for the given ones does. When it queued
+// any reply it wakes the relays at commit, as OutboxInsertMany does.
 func (q *Queries) InboxReplyAnswer(ctx context.Context, db DBTX, requestIds []int64) (int32, error) {
 	row := db.QueryRow(ctx, inboxReplyAnswer, requestIds)
 	var queued int32
@@ -769,54 +838,46 @@ func (q *Queries) InboxReplyAnswer(ctx context.Context, db DBTX, requestIds []in
 	return queued, err
 }
 
-const inboxReplyAnswerLeft = `-- name: InboxReplyAnswerLeft :one
+const inboxReplyLeft = `-- name: InboxReplyLeft :one
 WITH scanned AS (
-    SELECT r.id
+    SELECT r.id, r.message_id
     FROM inbox_reply_requests r
     WHERE r.answered_run IS NULL
       AND r.id > $1::bigint
     ORDER BY r.id
     LIMIT $2
-), due AS (
-    SELECT r.id
-    FROM inbox_reply_requests r
-    JOIN scanned s ON s.id = r.id
-    JOIN inbox i ON i.message_id = r.message_id
-    WHERE r.answered_run IS NULL
-      AND i.status IN ('processed', 'dead')
-    ORDER BY r.id
-    FOR UPDATE OF r SKIP LOCKED
 )
-SELECT (CASE WHEN EXISTS (SELECT 1 FROM due) THEN inbox_reply_answer(array(SELECT id FROM due ORDER BY id)) ELSE 0 END)::integer AS queued,
+SELECT array(SELECT s.id FROM scanned s JOIN inbox i ON i.message_id = s.message_id
+             WHERE i.status IN ('processed', 'dead') ORDER BY s.id)::bigint[] AS due_ids,
        coalesce((SELECT max(id) FROM scanned), 0)::bigint AS last_id,
        (SELECT count(*) FROM scanned)::integer AS scanned
 `
 
-type InboxReplyAnswerLeftParams struct {
+type InboxReplyLeftParams struct {
 	AfterID int64
 	MaxScan int32
 }
 
-type InboxReplyAnswerLeftRow struct {
-	Queued  int32
+type InboxReplyLeftRow struct {
+	DueIds  []int64
 	LastID  int64
 	Scanned int32
 }
 
-// InboxReplyAnswerLeft answers the requests whose message was handled but
-// that were never answered: a request stored while its message was being
-// handled (after InboxLockClaimed looked) is answered neither by the
-// handler's transaction nor by the statement that stored it, which saw the
-// message pending. It looks at up to max_scan unanswered requests after
+// InboxReplyLeft finds the requests whose message was handled but that
+// were never answered, for the workers' sweep to answer (InboxReplyAnswer):
+// a request stored while its message was being handled (after
+// InboxLockClaimed looked, and before the handler's transaction committed)
+// is answered neither by that transaction nor by the one that stored it,
+// which saw the message pending; one another session held when its message
+// ended was skipped. It looks at up to max_scan unanswered requests after
 // after_id, in id order (most of them wait for their message: the caller
 // goes on from last_id at its next pass, and from the start once a pass
-// scanned fewer than max_scan), and skips rows another session holds: it
-// is answering them. It returns how many replies it queued; with none to
-// queue it calls nothing.
-func (q *Queries) InboxReplyAnswerLeft(ctx context.Context, db DBTX, arg InboxReplyAnswerLeftParams) (InboxReplyAnswerLeftRow, error) {
-	row := db.QueryRow(ctx, inboxReplyAnswerLeft, arg.AfterID, arg.MaxScan)
-	var i InboxReplyAnswerLeftRow
-	err := row.Scan(&i.Queued, &i.LastID, &i.Scanned)
+// scanned fewer than max_scan), and takes no lock.
+func (q *Queries) InboxReplyLeft(ctx context.Context, db DBTX, arg InboxReplyLeftParams) (InboxReplyLeftRow, error) {
+	row := db.QueryRow(ctx, inboxReplyLeft, arg.AfterID, arg.MaxScan)
+	var i InboxReplyLeftRow
+	err := row.Scan(&i.DueIds, &i.LastID, &i.Scanned)
 	return i, err
 }
 

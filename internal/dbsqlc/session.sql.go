@@ -40,8 +40,7 @@ LISTEN outbox_pending
 
 // SessionListenOutboxPending subscribes the session to the outbox_pending
 // notifications sent by the statements that write outbox rows
-// (OutboxInsertMany, and the replies of inbox_reply_answer and
-// inbox_reply_forgotten).
+// (OutboxInsertMany, and the replies of InboxReplyAnswer).
 func (q *Queries) SessionListenOutboxPending(ctx context.Context, db DBTX) error {
 	_, err := db.Exec(ctx, sessionListenOutboxPending)
 	return err

@@ -15,27 +15,33 @@ import (
 const answerLeftScan = 10_000
 
 // answerLeft answers the reply requests that neither the handler's
-// transaction nor ingest's statement answered: a copy stored while its
-// message was being handled (after the batch locked it) is seen by
-// neither, and one another session held when its message ended was
-// skipped. Every other request is answered where it is stored or where its
-// message ends (see migrations/00001_inbox.sql); these gaps close within a few poll
-// intervals. Each pass looks at up to answerLeftScan
-// unanswered requests, going on from where the last pass stopped. It
-// returns how many replies it queued.
+// transaction nor ingest's answered: a copy stored while its message was
+// being handled (after the batch locked it) is seen by neither, and one
+// another session held when its message ended was skipped. Every other
+// request is answered where it is stored or where its message ends; these
+// gaps close within a few poll intervals. Each pass looks at up to
+// answerLeftScan unanswered requests, going on from where the last pass
+// stopped, and answers those due with the statement every other answer
+// uses (InboxReplyAnswer). It returns how many replies it queued.
 func (w *Worker) answerLeft(ctx context.Context) (int, error) {
-	row, err := w.queries.InboxReplyAnswerLeft(ctx, w.pool, dbsqlc.InboxReplyAnswerLeftParams{
+	left, err := w.queries.InboxReplyLeft(ctx, w.pool, dbsqlc.InboxReplyLeftParams{
 		AfterID: w.answerCursor.Load(), MaxScan: answerLeftScan,
 	})
 	if err != nil {
-		return 0, fmt.Errorf("answer reply requests left unanswered: %w", err)
+		return 0, fmt.Errorf("find reply requests left unanswered: %w", err)
 	}
-	next := row.LastID
-	if row.Scanned < answerLeftScan {
+	var queued int32
+	if len(left.DueIds) > 0 {
+		if queued, err = w.queries.InboxReplyAnswer(ctx, w.pool, left.DueIds); err != nil {
+			return 0, fmt.Errorf("answer reply requests left unanswered: %w", err)
+		}
+	}
+	next := left.LastID
+	if left.Scanned < answerLeftScan {
 		next = 0 // the end: the next pass starts again
 	}
 	w.answerCursor.Store(next)
-	return int(row.Queued), nil
+	return int(queued), nil
 }
 
 // answerLoop runs answerLeft every interval until ctx ends.

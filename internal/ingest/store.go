@@ -5,9 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -102,18 +104,20 @@ func (s *store) save(ctx context.Context, rows []row) (stored, error) {
 func (s *store) insert(ctx context.Context, rows []row) (stored, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
-	out, err := s.queries.InboxInsertMany(ctx, s.pool, insertParams(rows))
+	out, err := s.insertAndAnswer(ctx, rows)
 	if err != nil {
 		return stored{}, err
 	}
 	ids := make([]string, 0, len(out))
 	res := stored{}
 	for _, o := range out {
-		if o.AnotherUser {
+		switch {
+		case o.AnotherUser:
 			res.repliesOfAnotherUser++
-			continue
+		case o.RequestID != 0: // a request stored, answered already if it could be
+		default:
+			ids = append(ids, o.MessageID)
 		}
-		ids = append(ids, o.MessageID)
 	}
 	res.inserted = len(ids)
 	if len(ids) == len(rows) {
@@ -124,6 +128,43 @@ func (s *store) insert(ctx context.Context, rows []row) (stored, error) {
 		return stored{}, err
 	}
 	return res, nil
+}
+
+// insertAndAnswer runs the insert and, when it stored reply requests,
+// answers them in the same transaction (InboxReplyAnswer): a request whose
+// message has ended already, or has left and is remembered, has its reply
+// queued by the commit that stores it, before its delivery is acked. A
+// batch that asks for no reply is one statement, with no transaction
+// around it.
+func (s *store) insertAndAnswer(ctx context.Context, rows []row) ([]dbsqlc.InboxInsertManyRow, error) {
+	p := insertParams(rows)
+	if !slices.ContainsFunc(rows, func(r row) bool { return r.replyTo != "" }) {
+		return s.queries.InboxInsertMany(ctx, s.pool, p)
+	}
+	var out []dbsqlc.InboxInsertManyRow
+	err := pgx.BeginFunc(ctx, s.pool, func(tx pgx.Tx) error {
+		var err error
+		if out, err = s.queries.InboxInsertMany(ctx, tx, p); err != nil {
+			return err
+		}
+		var requests []int64
+		for _, o := range out {
+			if o.RequestID != 0 {
+				requests = append(requests, o.RequestID)
+			}
+		}
+		if len(requests) == 0 {
+			return nil
+		}
+		if _, err := s.queries.InboxReplyAnswer(ctx, tx, requests); err != nil {
+			return fmt.Errorf("answer reply requests: %w", err)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 func insertParams(rows []row) dbsqlc.InboxInsertManyParams {

@@ -30,9 +30,10 @@ func TestACopyInTheSameBatchIsAnsweredOnlyForTheFirstUser(t *testing.T) {
 		out, err := q.InboxInsertMany(t.Context(), db.Pool, p)
 		require.NoError(t, err)
 		for _, o := range out {
-			if o.AnotherUser {
+			switch {
+			case o.AnotherUser:
 				otherUser = append(otherUser, o.MessageID)
-			} else {
+			case o.RequestID == 0: // not a request stored
 				inserted = append(inserted, o.MessageID)
 			}
 		}

@@ -95,6 +95,11 @@ func TestJanitorDeletesOnlyWhatIsPastItsRetention(t *testing.T) {
 	exec(t, db.Pool, `
 		INSERT INTO inbox_reply_requests (message_id, reply_to)
 		VALUES ('processed-old', 'requester'), ('pending-old', 'requester')`)
+	// Answered as ingest answers the requests it stores: processed-old's.
+	queued, err := dbsqlc.New().InboxReplyAnswer(t.Context(), db.Pool,
+		[]int64{int64(db.Int(t, "SELECT min(id) FROM inbox_reply_requests")), int64(db.Int(t, "SELECT max(id) FROM inbox_reply_requests"))})
+	require.NoError(t, err)
+	require.EqualValues(t, 1, queued)
 	// One whose message left without it goes after the dead retention.
 	exec(t, db.Pool, `
 		INSERT INTO inbox_reply_requests (message_id, reply_to, received_at)

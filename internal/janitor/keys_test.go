@@ -134,13 +134,32 @@ func TestACopyOfAForgottenMessageIsAnsweredSo(t *testing.T) {
 	require.NoError(t, err)
 	require.Zero(t, db.Int(t, "SELECT count(*) FROM inbox"))
 
-	inserted, err := dbsqlc.New().InboxInsertMany(ctx, db.Pool, dbsqlc.InboxInsertManyParams{
+	// Stored as ingest does: the requests the insert stored are answered
+	// in its transaction.
+	tx, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	out, err := dbsqlc.New().InboxInsertMany(ctx, tx, dbsqlc.InboxInsertManyParams{
 		MessageIds: []string{"m-1"}, MessageTypes: []string{"order.created"}, RoutingKeys: []string{"order.created"},
 		Payloads: [][]byte{[]byte(`{"orderId":"m-1"}`)}, OrderKeys: []string{"m-1"},
 		ReplyTos: []string{"q-1"}, CorrelationIds: []string{"c-1"}, Redelivered: []bool{false},
 	})
 	require.NoError(t, err)
+	var inserted []string
+	var requests []int64
+	for _, o := range out {
+		if o.RequestID != 0 {
+			requests = append(requests, o.RequestID)
+		} else {
+			inserted = append(inserted, o.MessageID)
+		}
+	}
 	require.Empty(t, inserted)
+	require.Len(t, requests, 1)
+	queued, err := dbsqlc.New().InboxReplyAnswer(ctx, tx, requests)
+	require.NoError(t, err)
+	require.EqualValues(t, 1, queued)
+	require.NoError(t, tx.Commit(ctx))
 	var key, replyTo, correlationID, outcome, status string
 	require.NoError(t, db.Pool.QueryRow(ctx, `
 		SELECT idempotency_key, reply_to, correlation_id, payload->>'outcome', payload->>'status' FROM outbox`).
