@@ -10,7 +10,8 @@
 --   inbox_service   the role inboxd serves as. Reads and writes the rows of
 --                   the service's tables and owns nothing, so it can create,
 --                   alter or drop nothing (it may TRUNCATE only the key
---                   ledger's slots, which it empties by rotation).
+--                   ledger's slots and hot parts, which its janitor
+--                   empties: internal/janitor/keys.go).
 --                   CREATE ROLE inboxd LOGIN PASSWORD '...' IN ROLE inbox_service;
 --
 -- Roles belong to the whole cluster. Where the migrating user may not

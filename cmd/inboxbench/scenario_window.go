@@ -8,6 +8,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/orderconfirm/inboxd/internal/janitor"
 	"github.com/orderconfirm/inboxd/internal/loadgen"
 )
 
@@ -194,17 +195,17 @@ func benchWindow(ctx context.Context, o *options, r *report) error {
 	// slot), unless the janitor sealed it in the phase: then that part is
 	// merged. A range of buckets at a time, as the janitor does (without
 	// its pauses), until no part is left sealed.
-	if _, err := e.pool.Exec(ctx, "SELECT inbox_keys_seal(1000000000, 0)"); err != nil {
+	if _, err := janitor.SealKeys(ctx, e.pool, 1000000000, 0, janitor.KeysLockWaitDefault); err != nil {
 		return fmt.Errorf("seal the hot part: %w", err)
 	}
 	var merged, ranges, longest int64
 	for {
 		rangeStarted := time.Now()
-		var n int64
-		if err := e.pool.QueryRow(ctx, "SELECT coalesce(inbox_keys_merge(), -1)").Scan(&n); err != nil {
+		n, merging, err := janitor.MergeKeys(ctx, e.pool, janitor.MergeBytesDefault)
+		if err != nil {
 			return fmt.Errorf("merge the hot part: %w", err)
 		}
-		if n < 0 {
+		if !merging {
 			break
 		}
 		merged, ranges, longest = merged+n, ranges+1, max(longest, int64(time.Since(rangeStarted)))

@@ -7,6 +7,8 @@ package dbsqlc
 
 import (
 	"context"
+
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 const janitorAnalyzeKeys = `-- name: JanitorAnalyzeKeys :one
@@ -218,21 +220,24 @@ func (q *Queries) JanitorDeleteUndeliverable(ctx context.Context, db DBTX, arg J
 	return result.RowsAffected(), nil
 }
 
-const janitorEmptyKeys = `-- name: JanitorEmptyKeys :one
-SELECT inbox_keys_empty()::boolean AS emptied
+const janitorKeysClose = `-- name: JanitorKeysClose :execrows
+UPDATE inbox_key_generations SET closed_at = clock_timestamp()
+WHERE generation = $1::bigint AND closed_at IS NULL
 `
 
-// JanitorEmptyKeys truncates a hot part whose keys were merged into their
-// slot, and reports whether it did (see inbox_keys_empty).
-func (q *Queries) JanitorEmptyKeys(ctx context.Context, db DBTX) (bool, error) {
-	row := db.QueryRow(ctx, janitorEmptyKeys)
-	var emptied bool
-	err := row.Scan(&emptied)
-	return emptied, err
+// JanitorKeysClose closes the current generation: every key of it has
+// been committed by now.
+func (q *Queries) JanitorKeysClose(ctx context.Context, db DBTX, generation int64) (int64, error) {
+	result, err := db.Exec(ctx, janitorKeysClose, generation)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
 }
 
 const janitorKeysCoverWindow = `-- name: JanitorKeysCoverWindow :one
-SELECT coalesce(inbox_keys_since() <= now() - make_interval(secs => $1::float8), false)::boolean AS covered
+SELECT coalesce(min(opened_at) <= now() - make_interval(secs => $1::float8), false)::boolean AS covered
+FROM inbox_key_generations
 `
 
 // JanitorKeysCoverWindow reports whether the key ledger has remembered
@@ -246,44 +251,286 @@ func (q *Queries) JanitorKeysCoverWindow(ctx context.Context, db DBTX, dedupeWin
 	return covered, err
 }
 
-const janitorMergeKeys = `-- name: JanitorMergeKeys :one
-SELECT coalesce(inbox_keys_merge($1::bigint), -1)::bigint AS merged
+const janitorKeysCurrent = `-- name: JanitorKeysCurrent :one
+SELECT g.generation, g.slot,
+       clock_timestamp() >= g.opened_at + make_interval(secs => $1::float8 / 7) AS due,
+       EXISTS (SELECT 1 FROM inbox_key_hot_parts h WHERE h.state = 'empty') AS part_empty,
+       NOT EXISTS (SELECT 1 FROM (SELECT r.closed_at FROM inbox_key_generations r
+                                  WHERE r.generation >= g.generation - 7 AND r.slot = (g.slot + 1) % 8
+                                  ORDER BY r.generation DESC LIMIT 1) last
+                   WHERE last.closed_at > clock_timestamp() - make_interval(secs => $1::float8)) AS slot_free
+FROM inbox_key_generations g
+WHERE g.closed_at IS NULL
 `
 
-// JanitorMergeKeys copies the next range of a sealed hot part's keys, about
-// max_bytes of them, into their slot and returns how many, or -1 if no
-// part was sealed (see inbox_keys_merge).
-func (q *Queries) JanitorMergeKeys(ctx context.Context, db DBTX, maxBytes int64) (int64, error) {
-	row := db.QueryRow(ctx, janitorMergeKeys, maxBytes)
-	var merged int64
-	err := row.Scan(&merged)
-	return merged, err
+type JanitorKeysCurrentRow struct {
+	Generation int64
+	Slot       int16
+	Due        bool
+	PartEmpty  bool
+	SlotFree   bool
 }
 
-const janitorRotateKeys = `-- name: JanitorRotateKeys :one
-SELECT coalesce(inbox_keys_rotate(make_interval(secs => $1::float8)), 0)::bigint AS generation
-`
-
-// JanitorRotateKeys opens the key ledger's next generation if the current
-// one has lasted a seventh of the dedupe window, and returns its number, or
-// 0 if none was due (see inbox_keys_rotate).
-func (q *Queries) JanitorRotateKeys(ctx context.Context, db DBTX, dedupeWindowSeconds float64) (int64, error) {
-	row := db.QueryRow(ctx, janitorRotateKeys, dedupeWindowSeconds)
-	var generation int64
-	err := row.Scan(&generation)
-	return generation, err
+// JanitorKeysCurrent reads the current generation, whether it has lasted
+// a seventh of the dedupe window, whether a hot part is empty (to write
+// for the next generation), and whether the next slot's last generation
+// closed at least a window ago (a longer window than before may still
+// hold its keys), or never wrote it. The slots go round in order, so the
+// next slot was last written seven generations ago.
+func (q *Queries) JanitorKeysCurrent(ctx context.Context, db DBTX, dedupeWindowSeconds float64) (JanitorKeysCurrentRow, error) {
+	row := db.QueryRow(ctx, janitorKeysCurrent, dedupeWindowSeconds)
+	var i JanitorKeysCurrentRow
+	err := row.Scan(
+		&i.Generation,
+		&i.Slot,
+		&i.Due,
+		&i.PartEmpty,
+		&i.SlotFree,
+	)
+	return i, err
 }
 
-const janitorSealKeys = `-- name: JanitorSealKeys :one
-SELECT inbox_keys_seal()::boolean AS sealed
+const janitorKeysEmptyMerged = `-- name: JanitorKeysEmptyMerged :one
+UPDATE inbox_key_hot_parts SET state = 'empty', slot = NULL, since = clock_timestamp()
+WHERE part = (SELECT m.part FROM inbox_key_hot_parts m WHERE m.state = 'merged' LIMIT 1 FOR UPDATE SKIP LOCKED)
+RETURNING part
 `
 
-// JanitorSealKeys seals the key ledger's hot part writing, if it has grown
-// to an eighth of its slot and the other part is empty, and reports
-// whether it did (see inbox_keys_seal).
-func (q *Queries) JanitorSealKeys(ctx context.Context, db DBTX) (bool, error) {
-	row := db.QueryRow(ctx, janitorSealKeys)
-	var sealed bool
-	err := row.Scan(&sealed)
-	return sealed, err
+// JanitorKeysEmptyMerged marks a merged hot part empty, unless another
+// session is emptying it, and returns it (its TRUNCATE follows in the same
+// transaction).
+func (q *Queries) JanitorKeysEmptyMerged(ctx context.Context, db DBTX) (int16, error) {
+	row := db.QueryRow(ctx, janitorKeysEmptyMerged)
+	var part int16
+	err := row.Scan(&part)
+	return part, err
+}
+
+const janitorKeysLockGenerations = `-- name: JanitorKeysLockGenerations :exec
+LOCK TABLE inbox_key_generations IN SHARE ROW EXCLUSIVE MODE
+`
+
+// JanitorKeysLockGenerations takes the generations' SHARE ROW EXCLUSIVE
+// lock: one seal or rotation at a time.
+func (q *Queries) JanitorKeysLockGenerations(ctx context.Context, db DBTX) error {
+	_, err := db.Exec(ctx, janitorKeysLockGenerations)
+	return err
+}
+
+const janitorKeysLockRemembering = `-- name: JanitorKeysLockRemembering :exec
+LOCK TABLE inbox_key_hot_parts IN SHARE MODE
+`
+
+// JanitorKeysLockRemembering takes the remembering lock exclusively (the
+// hot parts' SHARE lock): it waits for the transactions writing keys
+// (inbox_keys_remember holds its ROW EXCLUSIVE lock) and holds up new ones.
+func (q *Queries) JanitorKeysLockRemembering(ctx context.Context, db DBTX) error {
+	_, err := db.Exec(ctx, janitorKeysLockRemembering)
+	return err
+}
+
+const janitorKeysLockWait = `-- name: JanitorKeysLockWait :exec
+
+SELECT set_config('lock_timeout', $1::bigint::text, true)
+`
+
+// The key ledger's state machine (internal/janitor/keys.go): each step is
+// a transaction of the statements below, in the order keys.go gives, under
+// the locks migrations/00004_inbox_keys.sql describes. A partition's name
+// cannot be a parameter: the TRUNCATE of a slot or a part is built in Go.
+// Sizes are read from the tables' files, a partition found by its name
+// through the session's search_path.
+// JanitorKeysLockWait bounds every lock wait of the rest of the
+// transaction to lock_wait_ms (its lock_timeout).
+func (q *Queries) JanitorKeysLockWait(ctx context.Context, db DBTX, lockWaitMs int64) error {
+	_, err := db.Exec(ctx, janitorKeysLockWait, lockWaitMs)
+	return err
+}
+
+const janitorKeysMergeMemory = `-- name: JanitorKeysMergeMemory :exec
+SELECT set_config('work_mem', '64MB', true)
+`
+
+// JanitorKeysMergeMemory lets the rest of the transaction sort a range
+// (about max_bytes of keys) in memory.
+func (q *Queries) JanitorKeysMergeMemory(ctx context.Context, db DBTX) error {
+	_, err := db.Exec(ctx, janitorKeysMergeMemory)
+	return err
+}
+
+const janitorKeysMergeRange = `-- name: JanitorKeysMergeRange :execrows
+INSERT INTO inbox_keys (slot, message_id)
+SELECT $1::smallint, k.message_id FROM inbox_keys k
+WHERE k.slot = $2::smallint
+  AND (hashtext(k.message_id) & $3::integer) >= $4::bigint
+  AND (hashtext(k.message_id) & $3::integer) < $5::bigint
+ORDER BY hashtext(k.message_id) & $3::integer
+`
+
+type JanitorKeysMergeRangeParams struct {
+	Slot int16
+	Part int16
+	Mask int32
+	Lo   int64
+	Hi   int64
+}
+
+// JanitorKeysMergeRange copies the keys of a hot part whose buckets
+// (hashtext(message_id) & mask) are in [lo, hi) into their slot, in
+// bucket order, through the parent (the service may write only there).
+func (q *Queries) JanitorKeysMergeRange(ctx context.Context, db DBTX, arg JanitorKeysMergeRangeParams) (int64, error) {
+	result, err := db.Exec(ctx, janitorKeysMergeRange,
+		arg.Slot,
+		arg.Part,
+		arg.Mask,
+		arg.Lo,
+		arg.Hi,
+	)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const janitorKeysMerged = `-- name: JanitorKeysMerged :exec
+UPDATE inbox_key_hot_parts SET merge_mask = $1::integer, merged_buckets = $2::integer
+WHERE part = $3::smallint AND state = 'sealed'
+`
+
+type JanitorKeysMergedParams struct {
+	Mask          int32
+	MergedBuckets int32
+	Part          int16
+}
+
+// JanitorKeysMerged records that the part's buckets below merged_buckets
+// are in their slot, merged by mask.
+func (q *Queries) JanitorKeysMerged(ctx context.Context, db DBTX, arg JanitorKeysMergedParams) error {
+	_, err := db.Exec(ctx, janitorKeysMerged, arg.Mask, arg.MergedBuckets, arg.Part)
+	return err
+}
+
+const janitorKeysMergedAll = `-- name: JanitorKeysMergedAll :exec
+UPDATE inbox_key_hot_parts SET state = 'merged', since = clock_timestamp(), merge_mask = NULL, merged_buckets = 0
+WHERE part = $1::smallint AND state = 'sealed'
+`
+
+// JanitorKeysMergedAll marks the part merged: every key of it is in its
+// slot.
+func (q *Queries) JanitorKeysMergedAll(ctx context.Context, db DBTX, part int16) error {
+	_, err := db.Exec(ctx, janitorKeysMergedAll, part)
+	return err
+}
+
+const janitorKeysOpen = `-- name: JanitorKeysOpen :exec
+INSERT INTO inbox_key_generations (generation, slot, opened_at)
+VALUES ($1::bigint, $2::smallint, clock_timestamp())
+`
+
+type JanitorKeysOpenParams struct {
+	Generation int64
+	Slot       int16
+}
+
+// JanitorKeysOpen opens a generation, which writes slot.
+func (q *Queries) JanitorKeysOpen(ctx context.Context, db DBTX, arg JanitorKeysOpenParams) error {
+	_, err := db.Exec(ctx, janitorKeysOpen, arg.Generation, arg.Slot)
+	return err
+}
+
+const janitorKeysSealWriting = `-- name: JanitorKeysSealWriting :exec
+UPDATE inbox_key_hot_parts SET state = 'sealed', slot = $1::smallint, since = clock_timestamp()
+WHERE state = 'writing'
+`
+
+// JanitorKeysSealWriting seals the hot part writing, for the slot its
+// keys belong to.
+func (q *Queries) JanitorKeysSealWriting(ctx context.Context, db DBTX, slot int16) error {
+	_, err := db.Exec(ctx, janitorKeysSealWriting, slot)
+	return err
+}
+
+const janitorKeysStartWriting = `-- name: JanitorKeysStartWriting :execrows
+UPDATE inbox_key_hot_parts SET state = 'writing', slot = $1::smallint, since = clock_timestamp()
+WHERE state = 'empty'
+`
+
+// JanitorKeysStartWriting makes the empty hot part write for slot.
+func (q *Queries) JanitorKeysStartWriting(ctx context.Context, db DBTX, slot int16) (int64, error) {
+	result, err := db.Exec(ctx, janitorKeysStartWriting, slot)
+	if err != nil {
+		return 0, err
+	}
+	return result.RowsAffected(), nil
+}
+
+const janitorKeysTakeSealed = `-- name: JanitorKeysTakeSealed :one
+SELECT p.part, p.slot::smallint AS slot, p.merge_mask, p.merged_buckets,
+       pg_relation_size(format('inbox_keys_%s', p.part)::regclass) AS part_bytes,
+       (pg_indexes_size(format('inbox_keys_%s', p.slot)::regclass) / current_setting('block_size')::bigint)::bigint AS slot_index_pages
+FROM inbox_key_hot_parts p
+WHERE p.state = 'sealed'
+FOR UPDATE OF p SKIP LOCKED
+`
+
+type JanitorKeysTakeSealedRow struct {
+	Part           int16
+	Slot           int16
+	MergeMask      pgtype.Int4
+	MergedBuckets  int32
+	PartBytes      int64
+	SlotIndexPages int64
+}
+
+// JanitorKeysTakeSealed locks the sealed hot part, unless another session
+// is merging it, and reads how far its merge has gone, its heap's size and
+// its slot's index's pages.
+func (q *Queries) JanitorKeysTakeSealed(ctx context.Context, db DBTX) (JanitorKeysTakeSealedRow, error) {
+	row := db.QueryRow(ctx, janitorKeysTakeSealed)
+	var i JanitorKeysTakeSealedRow
+	err := row.Scan(
+		&i.Part,
+		&i.Slot,
+		&i.MergeMask,
+		&i.MergedBuckets,
+		&i.PartBytes,
+		&i.SlotIndexPages,
+	)
+	return i, err
+}
+
+const janitorKeysWriting = `-- name: JanitorKeysWriting :one
+SELECT w.part, w.slot::smallint AS slot,
+       EXISTS (SELECT 1 FROM inbox_key_hot_parts o WHERE o.state <> 'empty' AND o.part <> w.part) AS other_held,
+       pg_relation_size(format('inbox_keys_%s', w.part)::regclass) AS part_bytes,
+       pg_relation_size(format('inbox_keys_%s', w.slot)::regclass) AS slot_bytes,
+       (SELECT g.slot FROM inbox_key_generations g WHERE g.closed_at IS NULL)::smallint AS current_slot
+FROM inbox_key_hot_parts w
+WHERE w.state = 'writing'
+`
+
+type JanitorKeysWritingRow struct {
+	Part        int16
+	Slot        int16
+	OtherHeld   bool
+	PartBytes   int64
+	SlotBytes   int64
+	CurrentSlot int16
+}
+
+// JanitorKeysWriting reads the hot part writing, the slot it writes for
+// and their sizes, whether the other part holds keys (sealed or merged,
+// not yet emptied), and the current generation's slot.
+func (q *Queries) JanitorKeysWriting(ctx context.Context, db DBTX) (JanitorKeysWritingRow, error) {
+	row := db.QueryRow(ctx, janitorKeysWriting)
+	var i JanitorKeysWritingRow
+	err := row.Scan(
+		&i.Part,
+		&i.Slot,
+		&i.OtherHeld,
+		&i.PartBytes,
+		&i.SlotBytes,
+		&i.CurrentSlot,
+	)
+	return i, err
 }

@@ -22,20 +22,42 @@ func hotParts(t *testing.T, db *testenv.DB) []string {
 	return db.Strings(t, "SELECT part || ' ' || state || ' ' || coalesce(slot::text, '-') FROM inbox_key_hot_parts ORDER BY part")
 }
 
-// seal seals the hot part writing whatever its size, as inbox_keys_seal
-// does once it has grown.
+// seal seals the hot part writing whatever its size, as SealKeys does
+// once it has grown.
 func seal(t *testing.T, db *testenv.DB) {
 	t.Helper()
-	require.Equal(t, 1, db.Int(t, "SELECT inbox_keys_seal(1, 0)::int"), "sealed")
+	sealed, err := janitor.SealKeys(t.Context(), db.Pool, 1, 0, janitor.KeysLockWaitDefault)
+	require.NoError(t, err)
+	require.True(t, sealed, "sealed")
+}
+
+// merge merges the next range of the sealed part, about maxBytes of it,
+// and returns how many keys it copied, or -1 if no part was sealed.
+func merge(t *testing.T, db *testenv.DB, maxBytes int) int {
+	t.Helper()
+	n, merging, err := janitor.MergeKeys(t.Context(), db.Pool, int64(maxBytes))
+	require.NoError(t, err)
+	if !merging {
+		return -1
+	}
+	return int(n)
+}
+
+// emptyPart empties the merged part, and reports whether there was one.
+func emptyPart(t *testing.T, db *testenv.DB) bool {
+	t.Helper()
+	emptied, err := janitor.EmptyKeys(t.Context(), db.Pool, janitor.KeysLockWaitDefault)
+	require.NoError(t, err)
+	return emptied
 }
 
 // mergeRanges merges the sealed part range by range, at most maxBytes of it
-// a range, until inbox_keys_merge finds nothing left to copy, and returns
-// the keys copied, the ranges and the most keys one range copied.
+// a range, until MergeKeys finds nothing left to copy, and returns the
+// keys copied, the ranges and the most keys one range copied.
 func mergeRanges(t *testing.T, db *testenv.DB, maxBytes int) (copied, ranges, largest int) {
 	t.Helper()
 	for {
-		n := db.Int(t, "SELECT coalesce(inbox_keys_merge($1), -1)", maxBytes)
+		n := merge(t, db, maxBytes)
 		if n < 0 {
 			return copied, ranges, largest
 		}
@@ -79,11 +101,11 @@ func TestAKeyIsADuplicateAtEveryStepOfItsHotPart(t *testing.T) {
 	require.Equal(t, []string{"k-2"}, store(t, db.Pool, "k-2"))
 	require.Equal(t, "9", inPart("k-2"), "a key stored after the seal goes to the other part")
 
-	require.Equal(t, 1, db.Int(t, "SELECT inbox_keys_merge()"), "one key merged")
+	require.Equal(t, 1, merge(t, db, janitor.MergeBytesDefault), "one key merged")
 	require.Equal(t, []string{"8 merged 0", "9 writing 0"}, hotParts(t, db))
 	require.Equal(t, "0,8", inPart("k-1"))
 	duplicate("merged")
-	require.Equal(t, 1, db.Int(t, "SELECT inbox_keys_empty()::int"))
+	require.True(t, emptyPart(t, db))
 	require.Equal(t, []string{"8 empty -", "9 writing 0"}, hotParts(t, db))
 	require.Equal(t, "0", inPart("k-1"))
 	duplicate("in its slot")
@@ -106,24 +128,25 @@ func TestASealWaitsForTheKeysBeingWritten(t *testing.T) {
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	testfactory.InboxRow(ctx, t, tx, &testfactory.InboxRowOpts{MessageID: "being-written"})
 
+	keeper := db.Session(t)
 	tended := make(chan error, 1)
 	go func() {
 		tended <- func() error {
-			if _, err := db.Pool.Exec(ctx, "SELECT inbox_keys_seal(1, 0, interval '30 seconds')"); err != nil {
+			if _, err := janitor.SealKeys(ctx, keeper, 1, 0, 30*time.Second); err != nil {
 				return err
 			}
-			if _, err := db.Pool.Exec(ctx, "SELECT inbox_keys_merge()"); err != nil {
+			if _, _, err := janitor.MergeKeys(ctx, keeper, janitor.MergeBytesDefault); err != nil {
 				return err
 			}
-			_, err := db.Pool.Exec(ctx, "SELECT inbox_keys_empty(interval '30 seconds')")
+			_, err := janitor.EmptyKeys(ctx, keeper, 30*time.Second)
 			return err
 		}()
 	}()
 	// Either the seal waits for the writer, or (without its guard) it has
 	// gone ahead and the emptying waits.
 	require.Eventually(t, func() bool {
-		return db.Int(t, `SELECT count(*) FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%inbox_keys_%'`) > 0
+		return db.Int(t, `SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock'`,
+			int(keeper.PgConn().PID())) > 0
 	}, 10*time.Second, 10*time.Millisecond, "the seal waits for the writer")
 	require.NoError(t, tx.Commit(ctx))
 	require.NoError(t, <-tended)
@@ -152,8 +175,8 @@ func TestAStricterCheckerCannotMissAnEmptiedPart(t *testing.T) {
 	_, err = tx.Exec(ctx, "SELECT 1") // its snapshot
 	require.NoError(t, err)
 
-	require.Equal(t, 1, db.Int(t, "SELECT inbox_keys_merge()"))
-	require.Equal(t, 1, db.Int(t, "SELECT inbox_keys_empty()::int"))
+	require.Equal(t, 1, merge(t, db, janitor.MergeBytesDefault))
+	require.True(t, emptyPart(t, db))
 
 	_, err = tx.Exec(ctx, "INSERT INTO inbox (message_id, message_type, payload) VALUES ('rr-1', 'order.created', '{}')")
 	requireSQLState(t, err, "40001", "the insert fails with serialization_failure")
@@ -174,7 +197,7 @@ func TestARotationHandsTheHotPartOver(t *testing.T) {
 	require.Equal(t, []string{"g1-b"}, store(t, db.Pool, "g1-b"))
 	ageLedger(t, db.Pool, window/7+time.Minute)
 
-	rotated, err := dbsqlc.New().JanitorRotateKeys(t.Context(), db.Pool, window.Seconds())
+	rotated, err := janitor.RotateKeys(t.Context(), db.Pool, window, janitor.KeysLockWaitDefault)
 	require.NoError(t, err)
 	require.Zero(t, rotated, "no empty part for the next generation yet")
 
@@ -199,10 +222,14 @@ func TestAPartIsSealedAtAnEighthOfItsSlot(t *testing.T) {
 	db := testenv.NewDB(t)
 	exec(t, db.Pool, "INSERT INTO inbox_keys (slot, message_id) SELECT 0, md5(g::text) FROM generate_series(1, 80000) g")
 	exec(t, db.Pool, "INSERT INTO inbox_keys (slot, message_id) SELECT 8, md5((-g)::text) FROM generate_series(1, 9000) g")
-	require.Zero(t, db.Int(t, "SELECT inbox_keys_seal(8, 0)::int"), "under an eighth")
+	sealed, err := janitor.SealKeys(t.Context(), db.Pool, 8, 0, janitor.KeysLockWaitDefault)
+	require.NoError(t, err)
+	require.False(t, sealed, "under an eighth")
 	require.Equal(t, []string{"8 writing 0", "9 empty -"}, hotParts(t, db))
 	exec(t, db.Pool, "INSERT INTO inbox_keys (slot, message_id) SELECT 8, md5((-g)::text) FROM generate_series(9001, 11000) g")
-	require.Equal(t, 1, db.Int(t, "SELECT inbox_keys_seal(8, 0)::int"), "over an eighth")
+	sealed, err = janitor.SealKeys(t.Context(), db.Pool, 8, 0, janitor.KeysLockWaitDefault)
+	require.NoError(t, err)
+	require.True(t, sealed, "over an eighth")
 	require.Equal(t, []string{"8 sealed 0", "9 writing 0"}, hotParts(t, db))
 }
 
@@ -282,10 +309,10 @@ func TestTheGaugeShowsAPartWaitingToBeMerged(t *testing.T) {
 	seal(t, db)
 	exec(t, db.Pool, "UPDATE inbox_key_hot_parts SET since = since - interval '1 hour' WHERE state = 'sealed'")
 	require.InDelta(t, 3600, waiting(), 60)
-	require.Equal(t, 1, db.Int(t, "SELECT inbox_keys_merge()"))
+	require.Equal(t, 1, merge(t, db, janitor.MergeBytesDefault))
 	exec(t, db.Pool, "UPDATE inbox_key_hot_parts SET since = since - interval '2 hours' WHERE state = 'merged'")
 	require.InDelta(t, 7200, waiting(), 60)
-	require.Equal(t, 1, db.Int(t, "SELECT inbox_keys_empty()::int"))
+	require.True(t, emptyPart(t, db))
 	require.Zero(t, waiting())
 }
 
@@ -300,7 +327,7 @@ func TestAMergeGoesARangeOfBucketsAtATime(t *testing.T) {
 	seal(t, db)
 	quarter := db.Int(t, "SELECT pg_relation_size('inbox_keys_8') / 4")
 
-	first := db.Int(t, "SELECT coalesce(inbox_keys_merge($1), -1)", quarter)
+	first := merge(t, db, quarter)
 	require.Positive(t, first)
 	require.Less(t, first, 20000/2, "a range, not the whole part")
 	require.Equal(t, []string{"8 sealed 0", "9 writing 0"}, hotParts(t, db))

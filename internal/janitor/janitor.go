@@ -1,9 +1,10 @@
 // Package janitor deletes what the service no longer needs: processed
 // messages (and their attempt history and reply requests) past the retention
 // window, dead ones past a longer one, published outbox rows, undeliverable
-// replies and old conflict records. It also rotates the key ledger, which
+// replies and old conflict records. It also drives the key ledger, which
 // remembers the ids of messages for the dedupe window whether or not their
-// rows are still kept (migrations/00004_inbox_keys.sql).
+// rows are still kept: its rotations, seals, merges and emptyings (keys.go;
+// migrations/00004_inbox_keys.sql describes the ledger).
 //
 // It deletes in small batches, each its own short transaction that takes
 // only rows nobody has locked (SKIP LOCKED), so cleanup never holds up
@@ -181,14 +182,14 @@ func (j *Janitor) Stop(ctx context.Context) {
 }
 
 // tendHotParts moves the key ledger's sealed hot part into its slot and
-// empties it (migrations/00004_inbox_keys.sql), so that a rotation or a seal
+// empties it (MergeKeys, EmptyKeys), so that a rotation or a seal
 // finds the other part empty. The merge goes a range of buckets at a time, each its own
 // transaction, pausing between two as long as the last took. A part that
 // cannot be emptied at once (a statement reads it) is logged and emptied
 // at a later cleanup; its keys are in their slot meanwhile.
 func (j *Janitor) tendHotParts(ctx context.Context) error {
 	empty := func() error {
-		switch emptied, err := j.queries.JanitorEmptyKeys(ctx, j.pool); {
+		switch emptied, err := EmptyKeys(ctx, j.pool, KeysLockWaitDefault); {
 		case err != nil && ctx.Err() != nil:
 			return ctx.Err()
 		case err != nil:
@@ -205,7 +206,7 @@ func (j *Janitor) tendHotParts(ctx context.Context) error {
 	merged, ranges := int64(0), 0
 	for {
 		rangeStarted := time.Now()
-		n, err := j.queries.JanitorMergeKeys(ctx, j.pool, j.cfg.MergeBytes)
+		n, merging, err := MergeKeys(ctx, j.pool, j.cfg.MergeBytes)
 		switch {
 		case err != nil && ctx.Err() != nil:
 			return ctx.Err()
@@ -215,9 +216,9 @@ func (j *Janitor) tendHotParts(ctx context.Context) error {
 			j.logger.Error("key ledger: merging the sealed hot part failed, trying again at the next cleanup",
 				slog.String("error", err.Error()), slog.Int64("keys_merged", merged))
 			return nil
-		case n < 0 && ranges == 0:
+		case !merging && ranges == 0:
 			return nil // no part sealed, or another janitor merging it
-		case n < 0:
+		case !merging:
 			// Merged, unless another janitor has taken the last ranges:
 			// then emptying finds nothing yet, and a later cleanup does.
 			j.logger.Info("key ledger: sealed hot part copied into its slot", slog.Int64("keys", merged), slog.Int("ranges", ranges),
@@ -244,7 +245,7 @@ func (j *Janitor) RunOnce(ctx context.Context) (Result, error) {
 	if err := j.tendHotParts(ctx); err != nil {
 		return Result{}, err
 	}
-	switch generation, err := j.queries.JanitorRotateKeys(ctx, j.pool, window); {
+	switch generation, err := RotateKeys(ctx, j.pool, j.cfg.DedupeWindow, KeysLockWaitDefault); {
 	case err != nil && ctx.Err() != nil:
 		return Result{}, ctx.Err()
 	case err != nil:
@@ -252,7 +253,7 @@ func (j *Janitor) RunOnce(ctx context.Context) (Result, error) {
 	case generation > 0:
 		j.logger.Info("key ledger rotated", slog.Int64("generation", generation))
 	}
-	switch sealed, err := j.queries.JanitorSealKeys(ctx, j.pool); {
+	switch sealed, err := SealKeys(ctx, j.pool, SealRatioDefault, SealMinBytesDefault, KeysLockWaitDefault); {
 	case err != nil && ctx.Err() != nil:
 		return Result{}, ctx.Err()
 	case err != nil:

@@ -112,7 +112,7 @@ func TestAStricterWriterCannotWriteAClosedGeneration(t *testing.T) {
 	_, err = tx.Exec(ctx, "SELECT 1") // its snapshot
 	require.NoError(t, err)
 
-	generation, err := dbsqlc.New().JanitorRotateKeys(ctx, db.Pool, (70 * time.Hour).Seconds())
+	generation, err := janitor.RotateKeys(ctx, db.Pool, 70*time.Hour, janitor.KeysLockWaitDefault)
 	require.NoError(t, err)
 	require.EqualValues(t, 2, generation)
 
@@ -257,15 +257,16 @@ func TestARotationWaitsForTheKeysBeingWritten(t *testing.T) {
 	require.NoError(t, err)
 	testfactory.InboxRow(ctx, t, tx, &testfactory.InboxRowOpts{MessageID: "at-the-boundary"})
 
+	keeper := db.Session(t)
 	rotated := make(chan error, 1)
 	go func() {
-		_, err := db.Pool.Exec(ctx, "SELECT inbox_keys_rotate(make_interval(secs => $1), interval '30 seconds')", window.Seconds())
+		_, err := janitor.RotateKeys(ctx, keeper, window, 30*time.Second)
 		rotated <- err
 	}()
 	require.Eventually(t, func() bool {
 		var waiting bool
 		err := db.Pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM pg_stat_activity
-			WHERE datname = current_database() AND wait_event_type = 'Lock' AND query LIKE '%inbox_keys_rotate%')`).Scan(&waiting)
+			WHERE pid = $1 AND wait_event_type = 'Lock')`, int(keeper.PgConn().PID())).Scan(&waiting)
 		return err == nil && waiting
 	}, 10*time.Second, 10*time.Millisecond, "the rotation waits for the writer")
 
@@ -295,7 +296,7 @@ func TestARotationWaitsForTheKeysBeingWritten(t *testing.T) {
 	// Its key went with generation 1's hot part, sealed by the rotation,
 	// and from there into generation 1's slot.
 	require.Equal(t, []string{"8 sealed 0", "9 writing 1"}, hotParts(t, db))
-	require.Equal(t, 1, db.Int(t, "SELECT inbox_keys_merge()"))
+	require.Equal(t, 1, merge(t, db, janitor.MergeBytesDefault))
 	require.Equal(t, 1, db.Int(t, "SELECT count(*) FROM inbox_keys WHERE message_id = 'at-the-boundary' AND slot = 0"))
 }
 
@@ -312,12 +313,12 @@ func TestARotationGivesUpOnABusyLedger(t *testing.T) {
 	_, err = tx.Exec(ctx, "SELECT count(*) FROM inbox_keys") // an operator's query, left open
 	require.NoError(t, err)
 
-	_, err = dbsqlc.New().JanitorRotateKeys(ctx, db.Pool, (70 * time.Hour).Seconds())
+	_, err = janitor.RotateKeys(ctx, db.Pool, 70*time.Hour, janitor.KeysLockWaitDefault)
 	requireSQLState(t, err, "55P03", "lock_not_available")
 	require.NoError(t, tx.Rollback(ctx))
 	require.Equal(t, 1, db.Int(t, "SELECT count(*) FROM inbox_key_generations"))
 
-	generation, err := dbsqlc.New().JanitorRotateKeys(ctx, db.Pool, (70 * time.Hour).Seconds())
+	generation, err := janitor.RotateKeys(ctx, db.Pool, 70*time.Hour, janitor.KeysLockWaitDefault)
 	require.NoError(t, err)
 	require.EqualValues(t, 2, generation)
 }
