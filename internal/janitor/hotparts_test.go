@@ -376,3 +376,61 @@ func TestAMergeIntoASmallSlotStillGoesByRanges(t *testing.T) {
 	require.LessOrEqual(t, largest, 2*20000/64, "no range much over max_bytes")
 	requireInSlot0Once(t, db, 20000)
 }
+
+// killWhileWaiting runs step on a session of its own, waits until the
+// session waits for a lock (the step stopped in the middle), and ends
+// that session (pg_terminate_backend), as a crash or a failover would; it
+// returns step's error.
+func killWhileWaiting(t *testing.T, db *testenv.DB, step func(*pgx.Conn) error) error {
+	t.Helper()
+	conn := db.Session(t)
+	pid := int(conn.PgConn().PID())
+	done := make(chan error, 1)
+	go func() { done <- step(conn) }()
+	require.Eventually(t, func() bool {
+		return db.Int(t, "SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock'", pid) > 0
+	}, 10*time.Second, 10*time.Millisecond, "the step waits for its lock")
+	// Waits until the session has ended, and released its locks.
+	require.Equal(t, []string{"true"}, db.Strings(t, "SELECT pg_terminate_backend($1, 10000)::text", pid))
+	return <-done
+}
+
+// A merge whose connection is killed in the middle of a range (here while
+// its copy waits for the slot) has copied and recorded nothing of that
+// range: the next merge goes on from the last range committed, and the
+// slot ends with every key once.
+func TestAMergeCutShortGoesOnFromItsLastRange(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	ctx := t.Context()
+	exec(t, db.Pool, "INSERT INTO inbox_keys (slot, message_id) SELECT 8, md5(g::text) FROM generate_series(1, 20000) g")
+	seal(t, db)
+	quarter := db.Int(t, "SELECT pg_relation_size('inbox_keys_8') / 4")
+	first := merge(t, db, quarter)
+	require.Positive(t, first)
+	progress := func() []string {
+		return db.Strings(t, "SELECT state || ' ' || merge_mask || ' ' || merged_buckets FROM inbox_key_hot_parts WHERE part = 8")
+	}
+	before := progress()
+
+	// The slot held by another session, so that the next range's copy waits.
+	holder := db.Session(t)
+	tx, err := holder.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	_, err = tx.Exec(ctx, "LOCK TABLE inbox_keys_0 IN EXCLUSIVE MODE")
+	require.NoError(t, err)
+	err = killWhileWaiting(t, db, func(conn *pgx.Conn) error {
+		_, _, err := janitor.MergeKeys(ctx, conn, int64(quarter))
+		return err
+	})
+	require.Error(t, err, "the merge was cut short")
+	require.NoError(t, tx.Rollback(ctx))
+
+	require.Equal(t, before, progress(), "the range cut short is not recorded")
+	require.Equal(t, first, db.Int(t, "SELECT count(*) FROM inbox_keys_0"), "nor copied")
+	copied, _, _ := mergeRanges(t, db, quarter)
+	require.Equal(t, 20000, first+copied)
+	require.Equal(t, []string{"8 merged 0", "9 writing 0"}, hotParts(t, db))
+	requireInSlot0Once(t, db, 20000)
+}

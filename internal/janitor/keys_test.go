@@ -361,3 +361,46 @@ func TestTheLedgerIsReadThroughItsIndexOnceItHasGrown(t *testing.T) {
 	_, err = tx.Exec(ctx, "INSERT INTO inbox (message_id, message_type, payload) VALUES ('grown-8', 'order.created', '{}')")
 	require.ErrorContains(t, err, "message id grown-8 is a duplicate", "asked again in a later statement of the transaction")
 }
+
+// A rotation whose connection is killed between its steps (here after it
+// emptied the next slot, while it waits for the writers of keys) leaves
+// the ledger as it was: the generation still open, its part still
+// writing, its keys remembered. The next rotation rotates.
+func TestARotationCutShortLeavesTheLedgerAsItWas(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	ctx := t.Context()
+	const window = 70 * time.Hour
+	require.Equal(t, []string{"g1-a"}, store(t, db.Pool, "g1-a"))
+	exec(t, db.Pool, "DELETE FROM inbox") // its row left: only the ledger knows it
+	ageLedger(t, db.Pool, window/7+time.Minute)
+	generations := func() []string {
+		return db.Strings(t, "SELECT generation || ' ' || slot || ' ' || (closed_at IS NULL) FROM inbox_key_generations ORDER BY 1")
+	}
+
+	// A writer of keys, as the trigger that remembers them locks: the
+	// rotation waits for it after emptying the next slot.
+	writer := db.Session(t)
+	tx, err := writer.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	_, err = tx.Exec(ctx, "LOCK TABLE inbox_key_hot_parts IN ROW EXCLUSIVE MODE")
+	require.NoError(t, err)
+	err = killWhileWaiting(t, db, func(conn *pgx.Conn) error {
+		_, err := janitor.RotateKeys(ctx, conn, window, 30*time.Second)
+		return err
+	})
+	require.Error(t, err, "the rotation was cut short")
+	require.NoError(t, tx.Rollback(ctx))
+
+	require.Equal(t, []string{"1 0 true"}, generations(), "generation 1 still open")
+	require.Equal(t, []string{"8 writing 0", "9 empty -"}, hotParts(t, db), "its part still writing")
+	require.Empty(t, store(t, db.Pool, "g1-a"), "its keys remembered")
+
+	generation, err := janitor.RotateKeys(ctx, db.Pool, window, janitor.KeysLockWaitDefault)
+	require.NoError(t, err)
+	require.EqualValues(t, 2, generation)
+	require.Equal(t, []string{"1 0 false", "2 1 true"}, generations())
+	require.Equal(t, []string{"8 sealed 0", "9 writing 1"}, hotParts(t, db))
+	require.Empty(t, store(t, db.Pool, "g1-a"))
+}
