@@ -242,6 +242,7 @@ SELECT inbox_keys_analyze_parts()::integer AS analyzed;
 -- JanitorKeysCoverWindow reports whether the key ledger has remembered
 -- every id stored within the last dedupe window: it started at least that
 -- long ago. Until then, rows stored before it are the only record of
--- their ids, and stay for the window.
-SELECT coalesce(min(opened_at) <= now() - make_interval(secs => sqlc.arg(dedupe_window_seconds)::float8), false)::boolean AS covered
-FROM inbox_key_generations;
+-- their ids, and stay for the window. It started when its first generation
+-- opened (read by the primary key).
+SELECT coalesce((SELECT g.opened_at FROM inbox_key_generations g ORDER BY g.generation LIMIT 1)
+                <= now() - make_interval(secs => sqlc.arg(dedupe_window_seconds)::float8), false)::boolean AS covered;

@@ -236,14 +236,15 @@ func (q *Queries) JanitorKeysClose(ctx context.Context, db DBTX, generation int6
 }
 
 const janitorKeysCoverWindow = `-- name: JanitorKeysCoverWindow :one
-SELECT coalesce(min(opened_at) <= now() - make_interval(secs => $1::float8), false)::boolean AS covered
-FROM inbox_key_generations
+SELECT coalesce((SELECT g.opened_at FROM inbox_key_generations g ORDER BY g.generation LIMIT 1)
+                <= now() - make_interval(secs => $1::float8), false)::boolean AS covered
 `
 
 // JanitorKeysCoverWindow reports whether the key ledger has remembered
 // every id stored within the last dedupe window: it started at least that
 // long ago. Until then, rows stored before it are the only record of
-// their ids, and stay for the window.
+// their ids, and stay for the window. It started when its first generation
+// opened (read by the primary key).
 func (q *Queries) JanitorKeysCoverWindow(ctx context.Context, db DBTX, dedupeWindowSeconds float64) (bool, error) {
 	row := db.QueryRow(ctx, janitorKeysCoverWindow, dedupeWindowSeconds)
 	var covered bool
