@@ -257,7 +257,8 @@ ORDER BY g.generation DESC;
 -- the index entries of every row ended since (reading those made a metrics
 -- scrape take seconds during the very incident it was watched for):
 --   - the open rows from the claim floor up: under the floor every row has
---     ended (claim_floor_audit finds any left open and lowers the floor);
+--     ended (the keeper's audit, internal/claimfloor, finds any left open
+--     and lowers the floor);
 --   - the dead rows, which are few, by a range on dead_at that holds for
 --     each of them: a condition only outbox_dead_at_idx serves, so the
 --     planner takes it even without statistics.

@@ -41,12 +41,6 @@ END;
 $$;
 -- +goose StatementEnd
 
--- The functions only the keeper may call; the two that run as their owner
--- are pinned and closed where they are created.
-REVOKE ALL ON FUNCTION claim_floor_raise(regclass, regclass, text, bigint, text[]) FROM PUBLIC;
-REVOKE ALL ON FUNCTION inbox_claim_floor_raise(bigint, text[]) FROM PUBLIC;
-REVOKE ALL ON FUNCTION outbox_claim_floor_raise(bigint, text[]) FROM PUBLIC;
-
 -- inbox_grant_roles gives inbox_operator and inbox_service, those of them
 -- that exist, their rights on this schema, and returns whom it granted to.
 -- Every right either role has is here, once; docs/security.md
@@ -168,10 +162,7 @@ BEGIN
         GRANT INSERT, UPDATE (session, since) ON inbox_leader TO inbox_service;
         EXECUTE format('GRANT SELECT ON %s, %s TO inbox_service',
                        pg_get_serial_sequence('inbox', 'id'), pg_get_serial_sequence('outbox', 'id'));
-        GRANT EXECUTE ON FUNCTION claim_floor_raise(regclass, regclass, text, bigint, text[]),
-                                  inbox_claim_floor_raise(bigint, text[]), outbox_claim_floor_raise(bigint, text[]),
-                                  claim_floor_lower(text, bigint), inbox_keys_analyze_parts()
-            TO inbox_service;
+        GRANT EXECUTE ON FUNCTION claim_floor_lower(text, bigint), inbox_keys_analyze_parts() TO inbox_service;
         granted := granted || 'inbox_service'::text;
     END IF;
 

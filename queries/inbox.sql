@@ -196,7 +196,7 @@ SELECT array(SELECT s.id FROM scanned s JOIN inbox i ON i.message_id = s.message
 -- session is the key of the liveness lock the claiming process holds (see
 -- InboxHoldLiveness), or 0 when it holds none.
 --
--- The scan starts at the claim floor (see InboxClaimFloorRaise): under it
+-- The scan starts at the claim floor (internal/claimfloor keeps it): under it
 -- every message has ended, and an old snapshot would leave the index full
 -- of their entries.
 UPDATE inbox
@@ -502,20 +502,3 @@ RETURNING true AS registered;
 DELETE FROM inbox_sessions
 WHERE started_at < now() - interval '1 minute'
   AND session NOT IN (SELECT inbox_live_sessions());
-
--- name: InboxClaimFloorRaise :one
--- InboxClaimFloorRaise raises the inbox's claim floor as far as the note
--- from the call before proves safe, and returns the floor and the note
--- for the next call (noted_last and noted_inserters are NULL the first
--- time). The claims start their scans at the floor: every pending message
--- has an id at least this (migrations/00003_claim_floors.sql has the argument). It runs as a
--- statement of its own, under READ COMMITTED.
-SELECT r.floor::bigint AS floor, r.next_last::bigint AS next_last, r.next_inserters::text[] AS next_inserters
-FROM inbox_claim_floor_raise(sqlc.narg(noted_last)::bigint, sqlc.narg(noted_inserters)::text[]) AS r;
-
--- name: InboxClaimFloorAudit :one
--- InboxClaimFloorAudit looks under the inbox's claim floor for a pending
--- message, which no claim would find, and lowers the floor to the oldest
--- one (claim_floor_audit). It returns that message's id, or 0 when there is
--- none, as there should never be.
-SELECT coalesce(claim_floor_audit('inbox'), 0)::bigint AS stranded;

@@ -48,7 +48,7 @@ SELECT pg_notify('outbox_pending', current_schema()) FROM (SELECT 1 FROM inserte
 -- filled with rows that can go; the rows held back by one another relay is
 -- publishing are left out after it, and are at most that relay's batch.
 --
--- The scan starts at the claim floor (see OutboxClaimFloorRaise): under it
+-- The scan starts at the claim floor (internal/claimfloor keeps it): under it
 -- every row is published or dead. So do the look-ups of an order's earlier
 -- open rows; its dead rows are looked up in an index of their own. None of
 -- them reads an index of open rows from its start: a snapshot held open
@@ -130,16 +130,3 @@ SET published_at = NULL,
     next_attempt_at = now() + sqlc.arg(retry_delay_ms)::bigint * interval '1 millisecond',
     dead_at = CASE WHEN @refused::boolean AND attempts >= @max_attempts::integer THEN statement_timestamp() END
 WHERE id = ANY(@ids::bigint[]);
-
--- name: OutboxClaimFloorRaise :one
--- OutboxClaimFloorRaise does for the outbox what InboxClaimFloorRaise does
--- for the inbox: every row neither published nor dead has an id at least
--- the floor.
-SELECT r.floor::bigint AS floor, r.next_last::bigint AS next_last, r.next_inserters::text[] AS next_inserters
-FROM outbox_claim_floor_raise(sqlc.narg(noted_last)::bigint, sqlc.narg(noted_inserters)::text[]) AS r;
-
--- name: OutboxClaimFloorAudit :one
--- OutboxClaimFloorAudit does for the outbox what InboxClaimFloorAudit does
--- for the inbox: it looks for a row neither published nor dead under the
--- floor.
-SELECT coalesce(claim_floor_audit('outbox'), 0)::bigint AS stranded;

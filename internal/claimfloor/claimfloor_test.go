@@ -259,7 +259,7 @@ func TestAClaimUnderAnOldSnapshotSkipsTheEndedRows(t *testing.T) {
 	const ended = 5000
 	for _, c := range []struct {
 		table string
-		raise func(dbsqlc.DBTX) claimfloor.Raise
+		raise func(claimfloor.DB) claimfloor.Raise
 		end   func(t *testing.T, db *testenv.DB) // rows that end
 		open  func(t *testing.T, db *testenv.DB) // then 10 open ones; every row of an order of its own
 		claim func(t *testing.T, db dbsqlc.DBTX) []int64
@@ -332,7 +332,7 @@ func TestTheAuditFindsARowLeftUnderTheFloor(t *testing.T) {
 		table string
 		seq   string
 		audit func(claimfloor.Beginner, time.Duration) claimfloor.Audit
-		raise func(dbsqlc.DBTX) claimfloor.Raise
+		raise func(claimfloor.DB) claimfloor.Raise
 		rows  func(t *testing.T, db *testenv.DB) // 100 ended rows, then 3 open ones
 		claim func(t *testing.T, db dbsqlc.DBTX) []int64
 	}{

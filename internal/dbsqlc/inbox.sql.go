@@ -8,8 +8,6 @@ package dbsqlc
 import (
 	"context"
 	"time"
-
-	"github.com/jackc/pgx/v5/pgtype"
 )
 
 const inboxClaimBatch = `-- name: InboxClaimBatch :many
@@ -65,7 +63,7 @@ type InboxClaimBatchRow struct {
 // session is the key of the liveness lock the claiming process holds (see
 // InboxHoldLiveness), or 0 when it holds none.
 //
-// The scan starts at the claim floor (see InboxClaimFloorRaise): under it
+// The scan starts at the claim floor (internal/claimfloor keeps it): under it
 // every message has ended, and an old snapshot would leave the index full
 // of their entries.
 func (q *Queries) InboxClaimBatch(ctx context.Context, db DBTX, arg InboxClaimBatchParams) ([]InboxClaimBatchRow, error) {
@@ -91,50 +89,6 @@ func (q *Queries) InboxClaimBatch(ctx context.Context, db DBTX, arg InboxClaimBa
 		return nil, err
 	}
 	return items, nil
-}
-
-const inboxClaimFloorAudit = `-- name: InboxClaimFloorAudit :one
-SELECT coalesce(claim_floor_audit('inbox'), 0)::bigint AS stranded
-`
-
-// InboxClaimFloorAudit looks under the inbox's claim floor for a pending
-// message, which no claim would find, and lowers the floor to the oldest
-// one (claim_floor_audit). It returns that message's id, or 0 when there is
-// none, as there should never be.
-func (q *Queries) InboxClaimFloorAudit(ctx context.Context, db DBTX) (int64, error) {
-	row := db.QueryRow(ctx, inboxClaimFloorAudit)
-	var stranded int64
-	err := row.Scan(&stranded)
-	return stranded, err
-}
-
-const inboxClaimFloorRaise = `-- name: InboxClaimFloorRaise :one
-SELECT r.floor::bigint AS floor, r.next_last::bigint AS next_last, r.next_inserters::text[] AS next_inserters
-FROM inbox_claim_floor_raise($1::bigint, $2::text[]) AS r
-`
-
-type InboxClaimFloorRaiseParams struct {
-	NotedLast      pgtype.Int8
-	NotedInserters []string
-}
-
-type InboxClaimFloorRaiseRow struct {
-	Floor         int64
-	NextLast      int64
-	NextInserters []string
-}
-
-// InboxClaimFloorRaise raises the inbox's claim floor as far as the note
-// from the call before proves safe, and returns the floor and the note
-// for the next call (noted_last and noted_inserters are NULL the first
-// time). The claims start their scans at the floor: every pending message
-// has an id at least this (migrations/00003_claim_floors.sql has the argument). It runs as a
-// statement of its own, under READ COMMITTED.
-func (q *Queries) InboxClaimFloorRaise(ctx context.Context, db DBTX, arg InboxClaimFloorRaiseParams) (InboxClaimFloorRaiseRow, error) {
-	row := db.QueryRow(ctx, inboxClaimFloorRaise, arg.NotedLast, arg.NotedInserters)
-	var i InboxClaimFloorRaiseRow
-	err := row.Scan(&i.Floor, &i.NextLast, &i.NextInserters)
-	return i, err
 }
 
 const inboxClaimUnfinished = `-- name: InboxClaimUnfinished :many

@@ -8,8 +8,6 @@ package dbsqlc
 import (
 	"context"
 	"time"
-
-	"github.com/jackc/pgx/v5/pgtype"
 )
 
 const outboxClaimBatch = `-- name: OutboxClaimBatch :many
@@ -116,7 +114,7 @@ type OutboxClaimBatchRow struct {
 // filled with rows that can go; the rows held back by one another relay is
 // publishing are left out after it, and are at most that relay's batch.
 //
-// The scan starts at the claim floor (see OutboxClaimFloorRaise): under it
+// The scan starts at the claim floor (internal/claimfloor keeps it): under it
 // every row is published or dead. So do the look-ups of an order's earlier
 // open rows; its dead rows are looked up in an index of their own. None of
 // them reads an index of open rows from its start: a snapshot held open
@@ -156,46 +154,6 @@ func (q *Queries) OutboxClaimBatch(ctx context.Context, db DBTX, arg OutboxClaim
 		return nil, err
 	}
 	return items, nil
-}
-
-const outboxClaimFloorAudit = `-- name: OutboxClaimFloorAudit :one
-SELECT coalesce(claim_floor_audit('outbox'), 0)::bigint AS stranded
-`
-
-// OutboxClaimFloorAudit does for the outbox what InboxClaimFloorAudit does
-// for the inbox: it looks for a row neither published nor dead under the
-// floor.
-func (q *Queries) OutboxClaimFloorAudit(ctx context.Context, db DBTX) (int64, error) {
-	row := db.QueryRow(ctx, outboxClaimFloorAudit)
-	var stranded int64
-	err := row.Scan(&stranded)
-	return stranded, err
-}
-
-const outboxClaimFloorRaise = `-- name: OutboxClaimFloorRaise :one
-SELECT r.floor::bigint AS floor, r.next_last::bigint AS next_last, r.next_inserters::text[] AS next_inserters
-FROM outbox_claim_floor_raise($1::bigint, $2::text[]) AS r
-`
-
-type OutboxClaimFloorRaiseParams struct {
-	NotedLast      pgtype.Int8
-	NotedInserters []string
-}
-
-type OutboxClaimFloorRaiseRow struct {
-	Floor         int64
-	NextLast      int64
-	NextInserters []string
-}
-
-// OutboxClaimFloorRaise does for the outbox what InboxClaimFloorRaise does
-// for the inbox: every row neither published nor dead has an id at least
-// the floor.
-func (q *Queries) OutboxClaimFloorRaise(ctx context.Context, db DBTX, arg OutboxClaimFloorRaiseParams) (OutboxClaimFloorRaiseRow, error) {
-	row := db.QueryRow(ctx, outboxClaimFloorRaise, arg.NotedLast, arg.NotedInserters)
-	var i OutboxClaimFloorRaiseRow
-	err := row.Scan(&i.Floor, &i.NextLast, &i.NextInserters)
-	return i, err
 }
 
 const outboxInsertMany = `-- name: OutboxInsertMany :exec
