@@ -95,3 +95,52 @@ func TestGrantRolesAgain(t *testing.T) {
 		WHERE grantee = 'inbox_operator' AND table_schema = current_schema() AND table_name = 'inbox'
 		  AND column_name = 'replay_requested' AND privilege_type = 'UPDATE'`))
 }
+
+// After a restore that carried the claim floors past rows it restored as
+// open, an operator lowers each floor to its table's oldest open row with
+// the statements docs/failure-handling.md gives, no service running; a
+// floor already under that row stays where it is.
+func TestAnOperatorLowersTheFloorsAfterARestore(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t)
+	ctx := t.Context()
+	db.Exec(t, `INSERT INTO inbox (message_id, message_type, payload, status, processed_at)
+		SELECT 'ended-' || g, 'order.created', '{}', 'processed', now() FROM generate_series(1, 10) g`)
+	db.Exec(t, `INSERT INTO inbox (message_id, message_type, payload) VALUES ('open-1', 'order.created', '{}'), ('open-2', 'order.created', '{}')`)
+	db.Exec(t, `INSERT INTO outbox (idempotency_key, routing_key, payload, message_id, published_at)
+		SELECT 'ended-' || g, 'order.confirmed', '{}', 'ended-' || g, now() FROM generate_series(1, 10) g`)
+	db.Exec(t, `INSERT INTO outbox (idempotency_key, routing_key, payload, message_id) VALUES ('open-1', 'order.confirmed', '{}', 'open-1')`)
+	inboxOpen := db.Int(t, "SELECT min(id) FROM inbox WHERE status = 'pending'")
+	outboxOpen := db.Int(t, "SELECT min(id) FROM outbox WHERE published_at IS NULL AND dead_at IS NULL")
+	// The restore: both floors past their open rows.
+	db.Exec(t, "SELECT setval('inbox_claim_floor_seq', 100), setval('outbox_claim_floor_seq', 100)")
+
+	login := "op_" + db.Schema
+	db.Exec(t, "CREATE ROLE "+login+" LOGIN PASSWORD 'operator' IN ROLE inbox_operator")
+	t.Cleanup(func() { _, _ = db.Pool.Exec(context.WithoutCancel(ctx), "DROP ROLE IF EXISTS "+login) })
+	u, err := url.Parse(db.URL)
+	require.NoError(t, err)
+	u.User = url.UserPassword(login, "operator")
+	op, err := pgx.Connect(ctx, u.String())
+	require.NoError(t, err)
+	defer func() { _ = op.Close(context.WithoutCancel(ctx)) }()
+
+	repair := func() {
+		t.Helper()
+		for _, stmt := range []string{
+			"SELECT claim_floor_lower('inbox', min(id)) FROM inbox WHERE status = 'pending'",
+			"SELECT claim_floor_lower('outbox', min(id)) FROM outbox WHERE published_at IS NULL AND dead_at IS NULL",
+		} {
+			_, err := op.Exec(ctx, stmt)
+			require.NoError(t, err, "the operator runs %s", stmt)
+		}
+	}
+	repair()
+	require.Equal(t, inboxOpen, db.Int(t, "SELECT inbox_claim_floor()"), "the inbox's floor is lowered to its oldest pending message")
+	require.Equal(t, outboxOpen, db.Int(t, "SELECT outbox_claim_floor()"), "the outbox's floor is lowered to its oldest open row")
+
+	db.Exec(t, "SELECT setval('inbox_claim_floor_seq', 1), setval('outbox_claim_floor_seq', 1)")
+	repair()
+	require.Equal(t, 1, db.Int(t, "SELECT inbox_claim_floor()"), "a floor under the oldest open row stays")
+	require.Equal(t, 1, db.Int(t, "SELECT outbox_claim_floor()"))
+}
