@@ -456,3 +456,84 @@ func TestTheAuditGivesUpAtItsBudget(t *testing.T) {
 	require.Eventually(t, func() bool { return strings.Contains(logs.String(), "gave up at its budget") }, 10*time.Second, 20*time.Millisecond)
 	require.Contains(t, logs.String(), "level=INFO")
 }
+
+// The keeper's statements read the few open rows, not the ended ones:
+// each reads its table's index of open rows within its bounds, with or
+// without statistics, planned at each call or prepared and kept (a
+// prepared statement gets a plan for any parameters after its fifth call).
+// Counted over thousands of ended rows stored ended (no index entry of
+// theirs under the open rows' index): the rows sequential scans read and
+// the index entries read, over every index of the table, by 20 rounds of
+// the keeper and 7 audits.
+func TestTheKeepersStatementsReadOnlyOpenRows(t *testing.T) {
+	t.Parallel()
+	const ended = 10000
+	for _, c := range []struct {
+		table     string
+		seq       string
+		raise     func(claimfloor.DB) claimfloor.Raise
+		audit     func(claimfloor.Beginner, time.Duration) claimfloor.Audit
+		end, open string
+	}{
+		{"inbox", "inbox_claim_floor_seq", claimfloor.Inbox, claimfloor.InboxAudit,
+			`INSERT INTO inbox (message_id, message_type, payload, status, processed_at)
+			 SELECT 'ended-' || g, 'order.created', '{}', 'processed', now() FROM generate_series(1, $1::integer) g`,
+			`INSERT INTO inbox (message_id, message_type, payload)
+			 SELECT 'open-' || g, 'order.created', '{}' FROM generate_series(1, 3) g`},
+		{"outbox", "outbox_claim_floor_seq", claimfloor.Outbox, claimfloor.OutboxAudit,
+			`INSERT INTO outbox (idempotency_key, routing_key, payload, message_id, published_at)
+			 SELECT 'ended-' || g, 'order.confirmed', '{}', 'ended-' || g, now() FROM generate_series(1, $1::integer) g`,
+			`INSERT INTO outbox (idempotency_key, routing_key, payload, message_id)
+			 SELECT 'open-' || g, 'order.confirmed', '{}', 'open-' || g FROM generate_series(1, 3) g`},
+	} {
+		for _, analyzed := range []bool{false, true} {
+			for _, prepared := range []bool{false, true} {
+				t.Run(fmt.Sprintf("%s/analyzed=%v/prepared=%v", c.table, analyzed, prepared), func(t *testing.T) {
+					t.Parallel()
+					db := testenv.NewDB(t)
+					ctx := t.Context()
+					configure := pipeline.ConfigureSession // each statement planned at each call
+					if prepared {
+						configure = nil // pgx's default: each statement prepared once, its plan kept
+					}
+					// Only this session reads the table, so the table's counters count it.
+					conn := db.SessionWith(t, configure)
+					_, err := conn.Exec(ctx, c.end, ended)
+					require.NoError(t, err)
+					_, err = conn.Exec(ctx, c.open)
+					require.NoError(t, err)
+					if analyzed {
+						_, err = conn.Exec(ctx, "ANALYZE "+c.table)
+						require.NoError(t, err)
+					}
+					read := func() int {
+						return testenv.SessionStat(t, conn, `
+							SELECT ((SELECT coalesce(sum(seq_tup_read), 0) FROM pg_stat_user_tables
+							         WHERE schemaname = current_schema() AND relname = '`+c.table+`')
+							      + (SELECT coalesce(sum(idx_tup_read), 0) FROM pg_stat_user_indexes
+							         WHERE schemaname = current_schema() AND relname = '`+c.table+`'))::int`)
+					}
+					before := read()
+
+					k := &keeper{raise: c.raise(conn)}
+					require.Equal(t, int64(ended+1), k.settle(t), "the floor rises to the first open row")
+					_, err = conn.Exec(ctx, "SELECT setval($1::regclass, $2)", c.seq, ended+3)
+					require.NoError(t, err)
+					for i := range 7 {
+						stranded, err := c.audit(conn, time.Minute)(ctx)
+						require.NoError(t, err)
+						if i == 0 {
+							require.Equal(t, int64(ended+1), stranded, "the audit finds the first open row under the floor")
+						} else {
+							require.Zero(t, stranded)
+						}
+					}
+
+					got := read() - before
+					t.Logf("%s: the keeper's rounds and audits read %d rows and index entries of %d ended rows", c.table, got, ended)
+					require.Less(t, got, ended/10, "rows and index entries the keeper's statements read")
+				})
+			}
+		}
+	}
+}
