@@ -98,8 +98,8 @@ func TestGrantRolesAgain(t *testing.T) {
 
 // After a restore that carried the claim floors past rows it restored as
 // open, an operator lowers each floor to its table's oldest open row with
-// the statements docs/failure-handling.md gives, no service running; a
-// floor already under that row stays where it is.
+// the statements docs/failure-handling.md gives; a floor already under
+// that row stays where it is.
 func TestAnOperatorLowersTheFloorsAfterARestore(t *testing.T) {
 	t.Parallel()
 	db := testenv.NewDB(t)
