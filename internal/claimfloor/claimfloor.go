@@ -50,7 +50,8 @@
 // The floor only ever makes a scan shorter: with no keeper running it
 // stays where it is and the claims read from there. Each scan here reads
 // the table's index of open rows (inbox_pending_idx, outbox_open_idx)
-// within its bounds, with or without statistics.
+// within its bounds, with or without statistics
+// (TestTheKeepersStatementsReadOnlyOpenRows).
 package claimfloor
 
 import (
