@@ -13,10 +13,10 @@
 -- CHECK, a move by the stock_moves_chain trigger, an update of
 -- stock.available that undercuts the unfolded moves by stock_level_check.
 --
--- The handler locks the rows a batch needs with stock_lock and order_lock
--- (in key order, waiting a bounded time, then skipping what others hold),
--- so that a session holding a row (an operator's open transaction) delays
--- only the messages that need that row.
+-- The order handler (internal/orders) locks the rows a batch needs in key
+-- order, waiting a bounded time, then skipping what others hold, so that a
+-- session holding a row (an operator's open transaction) delays only the
+-- messages that need that row; it folds the moves into stock.available.
 --
 -- Also here: the indexes on inbox.order_key and outbox.order_key that keep
 -- each order's messages, and each order's effects, in arrival order.
@@ -39,8 +39,8 @@ CREATE TABLE order_confirmations (
     updated_at timestamptz NOT NULL DEFAULT now()
 );
 
--- stock holds what can be sold per SKU, as of its last fold (stock_fold):
--- the level itself is stock_levels. Operators fill it with SQL by adding to
+-- stock holds what can be sold per SKU, as of its last fold: the level
+-- itself is stock_levels. Operators fill it with SQL by adding to
 -- available, e.g.
 --   INSERT INTO stock (sku, available) VALUES ('BOOK-1', 100)
 --   ON CONFLICT (sku) DO UPDATE SET available = stock.available + EXCLUDED.available;
@@ -73,7 +73,7 @@ CREATE TABLE stock_reservations (
 -- Every reservation by SKU: stock_overview, and the foreign key's check
 -- when a stock row is deleted. Deliberately not partial on "released_at IS
 -- NULL": an order's open reservations are looked up by "order_id = ... AND
--- released_at IS NULL" (release, order_lock), and without statistics the
+-- released_at IS NULL" (release, the order lock), and without statistics the
 -- planner took such a partial index for cheaper than the primary key and
 -- read it end to end for each cancellation (7.1 M entries for 30). An index
 -- naming no condition leaves those look-ups to the primary key, and a
@@ -84,8 +84,9 @@ CREATE INDEX stock_reservations_by_sku_idx ON stock_reservations (sku);
 -- inserting one move per SKU per batch. Each move carries the SKU's running
 -- total since its last fold (unfolded), so a level is one index look-up
 -- however many moves wait, and no row version is left for an old snapshot
--- to keep. stock_fold() adds the unfolded total to stock.available and
--- deletes the moves it folded; inboxd calls it every 30 s.
+-- to keep. inboxd folds them every 30 s: it adds the unfolded total to
+-- stock.available, moves folded_through to the newest move, and deletes
+-- the moves it folded (internal/orders/fold.go).
 CREATE TABLE stock_moves (
     sku      text        NOT NULL,
     -- The SKU's moves are numbered 1, 2, 3 ... by the stock_moves_chain
@@ -146,8 +147,8 @@ $$;
 -- below zero (as stock's CHECK refuses for stock.available). A trigger, not
 -- the service, so that every writer's moves (an owner's INSERT too) chain.
 --   - It locks the SKU's stock row first: the moves of a SKU are written one
---     transaction at a time. The handler holds the lock already (stock_lock);
---     anyone else waits for it here. FOR UPDATE returns the row as last
+--     transaction at a time. The handler holds the lock already; anyone
+--     else waits for it here. FOR UPDATE returns the row as last
 --     committed, so available and folded_through come from that statement.
 --   - It reads the newest move after the lock, in a statement of its own (a
 --     snapshot of its own): every move written before is committed, and none
@@ -205,6 +206,10 @@ FOR EACH ROW EXECUTE FUNCTION stock_moves_chain();
 -- part. It covers whoever lowers stock.available directly (an owner, a
 -- build of inboxd that takes from stock.available). Folds leave the level
 -- as it is, so the WHEN clause skips them (they move folded_through).
+-- An owner who sets a level, rather than adding to it, folds the SKU in
+-- the same update (with its row locked first, so that no move is missed):
+-- SET available = 40, folded_through = the SKU's stock_levels.last_move
+-- (docs/operations.md).
 -- enable_seqscan off keeps its kept plans index look-ups, as for
 -- stock_moves_chain.
 -- +goose StatementBegin
@@ -231,196 +236,3 @@ $$;
 CREATE TRIGGER stock_level_check AFTER UPDATE OF available ON stock
 FOR EACH ROW WHEN (NEW.available < OLD.available AND NEW.folded_through = OLD.folded_through)
 EXECUTE FUNCTION stock_level_check();
-
--- stock_fold folds the moves of skus into stock.available (waiting for
--- their rows as lock_timeout says), or, with no skus, those of every SKU
--- with moves to fold whose row nobody holds, max_skus at most; it returns
--- how many SKUs it folded. The level stays as it was. The folded moves are
--- deleted, except one another session has locked: that is not waited for
--- (more than 100 ms) while the fold holds stock rows that batches wait for,
--- and stays under folded_through, where nothing reads it.
---
--- An owner who sets a level, rather than adding to it, folds first in the
--- same transaction:
---   BEGIN;
---   SELECT stock_fold('{BOOK-1}');
---   UPDATE stock SET available = 10, updated_at = now() WHERE sku = 'BOOK-1';
---   COMMIT;
---
--- Like the lock functions, its statements are planned at each call
--- (plan_cache_mode), for the tables as they are.
--- +goose StatementBegin
-CREATE FUNCTION stock_fold(skus text[] DEFAULT NULL, max_skus integer DEFAULT 10000) RETURNS integer
-LANGUAGE plpgsql
-SET plan_cache_mode = force_custom_plan
-AS $$
-DECLARE
-    previous_timeout text := current_setting('lock_timeout');
-    locked text[];
-    folded_skus text[];
-    previous bigint[];
-    through bigint[];
-    n integer;
-BEGIN
-    PERFORM stock_read_committed('stock is folded');
-    IF skus IS NULL THEN
-        SELECT array_agg(l.sku) INTO locked FROM (
-            -- One index probe a SKU for a move past its fold: as a
-            -- semi-join the planner merged stock with the whole of
-            -- stock_moves' index, and read every folded move a held
-            -- snapshot keeps, at every fold.
-            SELECT s.sku FROM stock s
-            CROSS JOIN LATERAL (SELECT 1 FROM stock_moves m
-                                WHERE m.sku = s.sku AND m.id > s.folded_through
-                                LIMIT 1) m
-            ORDER BY s.sku LIMIT max_skus
-            FOR UPDATE OF s SKIP LOCKED
-        ) AS l;
-    ELSE
-        SELECT array_agg(l.sku) INTO locked FROM (
-            SELECT s.sku FROM stock s WHERE s.sku = ANY(skus) ORDER BY s.sku FOR UPDATE
-        ) AS l;
-    END IF;
-    -- After the locks, in a statement of its own: every move of these
-    -- SKUs is committed, and none can be added until this transaction ends.
-    WITH due AS (
-        SELECT l.sku, s.folded_through AS previous, l.last_move, l.unfolded
-        FROM stock_levels l JOIN stock s USING (sku)
-        WHERE l.sku = ANY(coalesce(locked, '{}')) AND l.last_move > s.folded_through
-    ), folded AS (
-        UPDATE stock s
-        SET available = s.available + due.unfolded, folded_through = due.last_move, updated_at = now()
-        FROM due
-        WHERE s.sku = due.sku
-        RETURNING s.sku, due.previous, due.last_move
-    )
-    SELECT array_agg(f.sku), array_agg(f.previous), array_agg(f.last_move), count(*)
-    INTO folded_skus, previous, through, n
-    FROM folded f;
-    -- The folded moves go. One that another session has locked (an
-    -- owner's SELECT … FOR UPDATE) is not waited for while this holds
-    -- stock rows that batches wait for: it stays, under folded_through,
-    -- where nothing reads it.
-    BEGIN
-        PERFORM set_config('lock_timeout', '100ms', true);
-        DELETE FROM stock_moves m
-        USING unnest(folded_skus, previous, through) AS f(sku, previous, through)
-        WHERE m.sku = f.sku AND m.id > f.previous AND m.id <= f.through;
-        PERFORM set_config('lock_timeout', previous_timeout, true);
-    EXCEPTION WHEN lock_not_available THEN
-        -- The block is rolled back: its deletes, and lock_timeout.
-        DELETE FROM stock_moves m WHERE m.ctid = ANY (ARRAY(
-            SELECT x.ctid FROM stock_moves x
-            JOIN unnest(folded_skus, previous, through) AS f(sku, previous, through)
-              ON x.sku = f.sku AND x.id > f.previous AND x.id <= f.through
-            FOR UPDATE OF x SKIP LOCKED));
-    END;
-    RETURN n;
-END;
-$$;
--- +goose StatementEnd
-
--- stock_lock locks the stock rows of skus in SKU order (so that batches
--- cannot deadlock), waiting at most wait_ms for a row another session
--- holds; when that runs out, or with wait_ms 0, it locks, without waiting,
--- the rows nobody holds. It returns the rows it locked with their levels,
--- which hold until the transaction ends: the order handler decides on them.
--- The levels are read after the locks, in a statement of their own, so the
--- moves of whoever held a row before are committed and counted. The
--- caller's lock_timeout is back as it was for the rest of the transaction.
--- One call does what a savepoint, two settings, the lock and a second try
--- would take five round trips for.
---
--- Its statements are planned at each call (plan_cache_mode), for the tables
--- as they are: a plan kept from when stock was a few pages scanned it whole,
--- and nothing replans it without ANALYZE (8 to 15 ms a call once the table
--- had grown, most of the handler's time).
--- +goose StatementBegin
-CREATE FUNCTION stock_lock(skus text[], wait_ms integer)
-RETURNS TABLE (sku text, available integer)
-LANGUAGE plpgsql
-SET plan_cache_mode = force_custom_plan
-AS $$
-DECLARE
-    previous text := current_setting('lock_timeout');
-    got text[];
-    waited boolean := false;
-BEGIN
-    IF wait_ms > 0 THEN
-        BEGIN
-            PERFORM set_config('lock_timeout', wait_ms || 'ms', true);
-            SELECT array_agg(l.sku) INTO got
-            FROM (SELECT s.sku FROM stock s WHERE s.sku = ANY(skus) ORDER BY s.sku FOR UPDATE) AS l;
-            PERFORM set_config('lock_timeout', previous, true);
-            waited := true;
-        EXCEPTION WHEN lock_not_available THEN
-            -- The block is rolled back: the locks it took, and lock_timeout.
-            waited := false;
-        END;
-    END IF;
-    IF NOT waited THEN
-        SELECT array_agg(l.sku) INTO got
-        FROM (SELECT s.sku FROM stock s WHERE s.sku = ANY(skus) ORDER BY s.sku FOR UPDATE SKIP LOCKED) AS l;
-    END IF;
-    RETURN QUERY SELECT l.sku, l.available FROM stock_levels l WHERE l.sku = ANY(coalesce(got, '{}'));
-END;
-$$;
--- +goose StatementEnd
-
--- order_lock locks the rows a cancellation of each of order_ids changes:
--- the order's order_confirmations row and its unreleased stock_reservations
--- rows, in order id order (so that batches cannot deadlock), waiting at most
--- wait_ms for a row another session holds; when that runs out, or with
--- wait_ms 0, it locks, without waiting, the rows nobody holds. It returns the orders it could
--- not lock whole: a row of theirs exists and another session holds it (an
--- operator's open UPDATE, a SELECT ... FOR UPDATE in psql). The handler holds
--- those cancellations back, and every other message of the batch goes on;
--- lock_timeout is back as it was for the rest of the transaction. The stock
--- rows are stock_lock's.
---
--- Planned at each call, as stock_lock: a kept plan read the whole of
--- order_confirmations (31,000 rows a call) once the table had grown.
--- +goose StatementBegin
-CREATE FUNCTION order_lock(order_ids text[], wait_ms integer)
-RETURNS TABLE (order_id text)
-LANGUAGE plpgsql
-SET plan_cache_mode = force_custom_plan
-AS $$
-DECLARE
-    previous text := current_setting('lock_timeout');
-BEGIN
-    -- With wait_ms 0, nothing is waited for (a lock_timeout of 0 would
-    -- wait for ever).
-    IF wait_ms > 0 THEN
-        BEGIN
-            PERFORM set_config('lock_timeout', wait_ms || 'ms', true);
-            PERFORM 1 FROM (SELECT c.order_id FROM order_confirmations c
-                            WHERE c.order_id = ANY(order_ids) ORDER BY c.order_id FOR UPDATE) AS l;
-            PERFORM 1 FROM (SELECT r.order_id FROM stock_reservations r
-                            WHERE r.order_id = ANY(order_ids) AND r.released_at IS NULL
-                            ORDER BY r.order_id, r.sku FOR UPDATE) AS l;
-            PERFORM set_config('lock_timeout', previous, true);
-            RETURN;
-        EXCEPTION WHEN lock_not_available THEN
-            -- The block is rolled back: the locks it took, and lock_timeout.
-            NULL;
-        END;
-    END IF;
-    RETURN QUERY
-    WITH got_orders AS (
-        SELECT c.order_id FROM order_confirmations c
-        WHERE c.order_id = ANY(order_ids) ORDER BY c.order_id FOR UPDATE SKIP LOCKED
-    ), got_reservations AS (
-        SELECT r.order_id, r.sku FROM stock_reservations r
-        WHERE r.order_id = ANY(order_ids) AND r.released_at IS NULL
-        ORDER BY r.order_id, r.sku FOR UPDATE SKIP LOCKED
-    )
-    SELECT c.order_id FROM order_confirmations c
-    WHERE c.order_id = ANY(order_ids) AND c.order_id NOT IN (SELECT g.order_id FROM got_orders g)
-    UNION
-    SELECT r.order_id FROM stock_reservations r
-    WHERE r.order_id = ANY(order_ids) AND r.released_at IS NULL
-      AND (r.order_id, r.sku) NOT IN (SELECT g.order_id, g.sku FROM got_reservations g);
-END;
-$$;
--- +goose StatementEnd

@@ -33,8 +33,8 @@ SELECT CASE WHEN EXISTS (
        ELSE claim_floor_lock(sqlc.arg(tbl)::text::regclass, true)
        END::boolean AS taken;
 
--- name: ClaimFloorLock :exec
--- ClaimFloorLock takes the floor lock of tbl, held until the transaction
+-- name: ClaimFloorLockWait :exec
+-- ClaimFloorLockWait takes the floor lock of tbl, held until the transaction
 -- ends, waiting for it.
 SELECT claim_floor_lock(sqlc.arg(tbl)::text::regclass, false);
 

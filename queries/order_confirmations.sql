@@ -41,8 +41,38 @@ SET status = 'rejected', reason = u.reason, updated_at = now()
 FROM (SELECT unnest(@order_ids::text[]) AS order_id, unnest(@reasons::text[]) AS reason) AS u
 WHERE order_confirmations.order_id = u.order_id AND order_confirmations.status = 'confirmed';
 
--- name: OrderLock :many
--- OrderLock locks the rows the cancellations of order_ids change, waiting
--- at most wait_ms (see order_lock), and returns the orders another session
--- holds a row of.
-SELECT o.order_id::text AS order_id FROM order_lock(@order_ids::text[], @wait_ms::integer) AS o;
+-- name: OrderLock :exec
+-- OrderLock locks the order_confirmations rows of order_ids in order id
+-- order (so that batches cannot deadlock), waiting for each as
+-- lock_timeout says. The handler runs it, then OrderReservationsLock,
+-- with a short lock_timeout, in a savepoint (orders.LockOrders).
+SELECT c.order_id FROM order_confirmations c
+WHERE c.order_id = ANY(@order_ids::text[]) ORDER BY c.order_id FOR UPDATE;
+
+-- name: OrderReservationsLock :exec
+-- OrderReservationsLock locks the unreleased stock_reservations rows of
+-- order_ids in key order, waiting for each as lock_timeout says.
+SELECT r.order_id FROM stock_reservations r
+WHERE r.order_id = ANY(@order_ids::text[]) AND r.released_at IS NULL
+ORDER BY r.order_id, r.sku FOR UPDATE;
+
+-- name: OrderLockAvailable :many
+-- OrderLockAvailable locks, without waiting, the rows a cancellation of
+-- each of order_ids changes that no other transaction holds (its
+-- order_confirmations row and unreleased stock_reservations rows, in key
+-- order), and returns the orders it could not lock whole: a row of theirs
+-- exists and another session holds it.
+WITH got_orders AS (
+    SELECT c.order_id FROM order_confirmations c
+    WHERE c.order_id = ANY(@order_ids::text[]) ORDER BY c.order_id FOR UPDATE SKIP LOCKED
+), got_reservations AS (
+    SELECT r.order_id, r.sku FROM stock_reservations r
+    WHERE r.order_id = ANY(@order_ids::text[]) AND r.released_at IS NULL
+    ORDER BY r.order_id, r.sku FOR UPDATE SKIP LOCKED
+)
+SELECT c.order_id::text AS order_id FROM order_confirmations c
+WHERE c.order_id = ANY(@order_ids::text[]) AND c.order_id NOT IN (SELECT g.order_id FROM got_orders g)
+UNION
+SELECT r.order_id::text FROM stock_reservations r
+WHERE r.order_id = ANY(@order_ids::text[]) AND r.released_at IS NULL
+  AND (r.order_id, r.sku) NOT IN (SELECT g.order_id, g.sku FROM got_reservations g);

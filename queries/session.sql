@@ -14,3 +14,13 @@ LISTEN inbox_pending;
 -- notifications sent by the statements that write outbox rows
 -- (OutboxInsertMany, and the replies of InboxReplyAnswer).
 LISTEN outbox_pending;
+
+-- name: SessionLockTimeout :one
+-- SessionLockTimeout returns the session's lock_timeout as it stands in
+-- the transaction.
+SELECT current_setting('lock_timeout')::text AS lock_timeout;
+
+-- name: SessionSetLockTimeoutLocal :exec
+-- SessionSetLockTimeoutLocal sets lock_timeout until the transaction ends,
+-- or until the savepoint it is set under is rolled back.
+SELECT set_config('lock_timeout', @lock_timeout::text, true);

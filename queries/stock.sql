@@ -1,16 +1,14 @@
 -- name: StockLock :many
--- StockLock locks the stock rows of skus in SKU order, waiting at most
--- wait_ms for each, then locking only those nobody holds (see the
--- stock_lock function), and returns the rows it locked with their levels.
-SELECT l.sku::text AS sku, l.available::integer AS available
-FROM stock_lock(@skus::text[], @wait_ms::integer) AS l;
+-- StockLock locks the stock rows of skus in SKU order (so that batches
+-- cannot deadlock), waiting for each as lock_timeout says, and returns
+-- their SKUs. The handler runs it with a short lock_timeout, in a
+-- savepoint (orders.LockStock).
+SELECT s.sku FROM stock s WHERE s.sku = ANY(@skus::text[]) ORDER BY s.sku FOR UPDATE;
 
 -- name: StockLockAvailable :many
 -- StockLockAvailable locks, in SKU order, the stock rows of skus that no
--- other transaction holds, and returns them with their levels. It never
--- waits: the handler probes rows it found held a moment ago with it.
-SELECT l.sku::text AS sku, l.available::integer AS available
-FROM stock_lock(@skus::text[], 0) AS l;
+-- other transaction holds, and returns their SKUs. It never waits.
+SELECT s.sku FROM stock s WHERE s.sku = ANY(@skus::text[]) ORDER BY s.sku FOR UPDATE SKIP LOCKED;
 
 -- name: StockGetMany :many
 -- StockGetMany returns the levels of skus, locked or not.
@@ -52,10 +50,54 @@ WITH released AS (
 )
 SELECT count(*)::integer FROM given;
 
--- name: StockFold :one
--- StockFold folds the moves of every SKU whose row nobody holds into
--- stock.available, max_skus at most, and returns how many SKUs it folded.
-SELECT stock_fold(NULL, @max_skus::integer)::integer AS folded;
+-- name: StockFoldLock :many
+-- StockFoldLock locks, in SKU order, the stock rows of at most max_skus
+-- SKUs that have moves to fold and that no other transaction holds, and
+-- returns their SKUs. A SKU's moves past its fold are found by one index
+-- probe: as a semi-join the planner merged stock with the whole of
+-- stock_moves' index, and read every folded move a held snapshot keeps,
+-- at every fold.
+SELECT s.sku FROM stock s
+CROSS JOIN LATERAL (SELECT 1 FROM stock_moves m
+                    WHERE m.sku = s.sku AND m.id > s.folded_through
+                    LIMIT 1) m
+ORDER BY s.sku LIMIT @max_skus::integer
+FOR UPDATE OF s SKIP LOCKED;
+
+-- name: StockFoldMany :many
+-- StockFoldMany folds the moves of skus, stock rows the transaction has
+-- locked, into stock.available and moves folded_through to the newest; the
+-- levels stay as they were. It returns, for each SKU it folded, the range
+-- of the moves it folded: past previous, up to through. Run after the
+-- locks, in a statement of its own: every move of these SKUs is committed,
+-- and none can be added until the transaction ends.
+WITH due AS (
+    SELECT l.sku, s.folded_through AS previous, l.last_move, l.unfolded
+    FROM stock_levels l JOIN stock s USING (sku)
+    WHERE l.sku = ANY(@skus::text[]) AND l.last_move > s.folded_through
+)
+UPDATE stock s
+SET available = s.available + due.unfolded, folded_through = due.last_move, updated_at = now()
+FROM due
+WHERE s.sku = due.sku
+RETURNING s.sku::text AS sku, due.previous::bigint AS previous, due.last_move::bigint AS through;
+
+-- name: StockMovesDeleteFolded :exec
+-- StockMovesDeleteFolded deletes one SKU's folded moves, past previous up
+-- to through: one range of the primary key, so that it reads the moves it
+-- deletes and not those a held snapshot keeps below them (joined to a list
+-- of SKUs, the planner merged the delete with the whole index).
+DELETE FROM stock_moves
+WHERE sku = @sku AND id > @previous::bigint AND id <= @through::bigint;
+
+-- name: StockMovesDeleteFoldedUnlocked :exec
+-- StockMovesDeleteFoldedUnlocked is StockMovesDeleteFolded for the moves
+-- no other transaction has locked: it waits for none.
+DELETE FROM stock_moves m
+WHERE m.ctid = ANY (ARRAY(
+    SELECT x.ctid FROM stock_moves x
+    WHERE x.sku = @sku AND x.id > @previous::bigint AND x.id <= @through::bigint
+    FOR UPDATE SKIP LOCKED));
 
 -- name: StockReservedSkus :many
 -- StockReservedSkus returns the SKUs that each of the orders holds

@@ -105,8 +105,8 @@ func TestServeAsTheServiceRole(t *testing.T) {
 	conn, err := pgx.Connect(t.Context(), serviceURL)
 	require.NoError(t, err)
 	defer func() { _ = conn.Close(context.WithoutCancel(t.Context())) }()
-	var folded int
-	require.NoError(t, conn.QueryRow(t.Context(), "SELECT stock_fold()").Scan(&folded))
+	folded, err := orders.FoldStock(t.Context(), conn)
+	require.NoError(t, err)
 	require.Positive(t, folded, "the service folds the stock moves its orders wrote")
 	require.Zero(t, b.count(t, "SELECT count(*) FROM stock_moves"))
 	requirePermissionDenied(t, conn,

@@ -333,7 +333,7 @@ func (t table) auditor(db Beginner, budget time.Duration) Audit {
 			if err != nil || found == 0 {
 				return err
 			}
-			if err := q.ClaimFloorLock(ctx, tx, t.name); err != nil {
+			if err := q.ClaimFloorLockWait(ctx, tx, t.name); err != nil {
 				return err
 			}
 			// A snapshot taken under the lock: a replay of the row has

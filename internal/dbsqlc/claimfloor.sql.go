@@ -9,18 +9,18 @@ import (
 	"context"
 )
 
-const claimFloorLock = `-- name: ClaimFloorLock :exec
+const ClaimFloorLockWait = `-- name: ClaimFloorLockWait :exec
 SELECT claim_floor_lock($1::text::regclass, false)
 `
 
-// ClaimFloorLock takes the floor lock of tbl, held until the transaction
+// ClaimFloorLockWait takes the floor lock of tbl, held until the transaction
 // ends, waiting for it.
-func (q *Queries) ClaimFloorLock(ctx context.Context, db DBTX, tbl string) error {
-	_, err := db.Exec(ctx, claimFloorLock, tbl)
+func (q *Queries) ClaimFloorLockWait(ctx context.Context, db DBTX, tbl string) error {
+	_, err := db.Exec(ctx, ClaimFloorLockWait, tbl)
 	return err
 }
 
-const claimFloorLower = `-- name: ClaimFloorLower :exec
+const ClaimFloorLower = `-- name: ClaimFloorLower :exec
 SELECT claim_floor_lower($1::text, $2::bigint)
 `
 
@@ -31,11 +31,11 @@ type ClaimFloorLowerParams struct {
 
 // ClaimFloorLower lowers the floor of tbl to id, if it is above.
 func (q *Queries) ClaimFloorLower(ctx context.Context, db DBTX, arg ClaimFloorLowerParams) error {
-	_, err := db.Exec(ctx, claimFloorLower, arg.Tbl, arg.ID)
+	_, err := db.Exec(ctx, ClaimFloorLower, arg.Tbl, arg.ID)
 	return err
 }
 
-const claimFloorState = `-- name: ClaimFloorState :one
+const ClaimFloorState = `-- name: ClaimFloorState :one
 
 SELECT coalesce(pg_sequence_last_value($1::text::regclass), 0)::bigint AS floor,
        coalesce(pg_sequence_last_value(pg_get_serial_sequence($2::text, 'id')::regclass), 0)::bigint AS last_id
@@ -58,13 +58,13 @@ type ClaimFloorStateRow struct {
 // ClaimFloorState returns the floor kept in seq and the last id tbl's id
 // sequence handed out (0 for none).
 func (q *Queries) ClaimFloorState(ctx context.Context, db DBTX, arg ClaimFloorStateParams) (ClaimFloorStateRow, error) {
-	row := db.QueryRow(ctx, claimFloorState, arg.Seq, arg.Tbl)
+	row := db.QueryRow(ctx, ClaimFloorState, arg.Seq, arg.Tbl)
 	var i ClaimFloorStateRow
 	err := row.Scan(&i.Floor, &i.LastID)
 	return i, err
 }
 
-const claimFloorTake = `-- name: ClaimFloorTake :one
+const ClaimFloorTake = `-- name: ClaimFloorTake :one
 SELECT CASE WHEN EXISTS (
            SELECT 1 FROM pg_catalog.pg_locks l
            WHERE l.locktype = 'relation' AND l.relation = $1::text::regclass
@@ -86,13 +86,13 @@ type ClaimFloorTakeParams struct {
 // it did: false while one of them runs, or while a replay or another
 // keeper holds the lock (it does not wait).
 func (q *Queries) ClaimFloorTake(ctx context.Context, db DBTX, arg ClaimFloorTakeParams) (bool, error) {
-	row := db.QueryRow(ctx, claimFloorTake, arg.Tbl, arg.NotedWriters)
+	row := db.QueryRow(ctx, ClaimFloorTake, arg.Tbl, arg.NotedWriters)
 	var taken bool
 	err := row.Scan(&taken)
 	return taken, err
 }
 
-const claimFloorWriters = `-- name: ClaimFloorWriters :one
+const ClaimFloorWriters = `-- name: ClaimFloorWriters :one
 SELECT coalesce(array_agg(l.virtualtransaction), '{}')::text[] AS writers
 FROM pg_catalog.pg_locks l
 WHERE l.locktype = 'relation' AND l.relation = $1::text::regclass
@@ -103,13 +103,13 @@ WHERE l.locktype = 'relation' AND l.relation = $1::text::regclass
 // ClaimFloorWriters returns the transactions (virtual ids) that write tbl
 // now: those holding its ROW EXCLUSIVE lock in this database.
 func (q *Queries) ClaimFloorWriters(ctx context.Context, db DBTX, tbl string) ([]string, error) {
-	row := db.QueryRow(ctx, claimFloorWriters, tbl)
+	row := db.QueryRow(ctx, ClaimFloorWriters, tbl)
 	var writers []string
 	err := row.Scan(&writers)
 	return writers, err
 }
 
-const inboxClaimFloorRaise = `-- name: InboxClaimFloorRaise :one
+const InboxClaimFloorRaise = `-- name: InboxClaimFloorRaise :one
 SELECT setval('inbox_claim_floor_seq', coalesce(min(id), $1::bigint + 1), true)::bigint AS floor
 FROM inbox
 WHERE status = 'pending' AND id >= $2::bigint AND id <= $1::bigint
@@ -124,13 +124,13 @@ type InboxClaimFloorRaiseParams struct {
 // message from from_id to noted_last, or past noted_last when there is
 // none, and returns it.
 func (q *Queries) InboxClaimFloorRaise(ctx context.Context, db DBTX, arg InboxClaimFloorRaiseParams) (int64, error) {
-	row := db.QueryRow(ctx, inboxClaimFloorRaise, arg.NotedLast, arg.FromID)
+	row := db.QueryRow(ctx, InboxClaimFloorRaise, arg.NotedLast, arg.FromID)
 	var floor int64
 	err := row.Scan(&floor)
 	return floor, err
 }
 
-const inboxClaimFloorStillStranded = `-- name: InboxClaimFloorStillStranded :one
+const InboxClaimFloorStillStranded = `-- name: InboxClaimFloorStillStranded :one
 SELECT (EXISTS (SELECT 1 FROM inbox WHERE id = $1::bigint AND status = 'pending')
         AND $1::bigint < inbox_claim_floor())::boolean AS still
 `
@@ -138,13 +138,13 @@ SELECT (EXISTS (SELECT 1 FROM inbox WHERE id = $1::bigint AND status = 'pending'
 // InboxClaimFloorStillStranded says whether message id is pending and
 // under the inbox's floor.
 func (q *Queries) InboxClaimFloorStillStranded(ctx context.Context, db DBTX, id int64) (bool, error) {
-	row := db.QueryRow(ctx, inboxClaimFloorStillStranded, id)
+	row := db.QueryRow(ctx, InboxClaimFloorStillStranded, id)
 	var still bool
 	err := row.Scan(&still)
 	return still, err
 }
 
-const inboxClaimFloorStranded = `-- name: InboxClaimFloorStranded :one
+const InboxClaimFloorStranded = `-- name: InboxClaimFloorStranded :one
 SELECT coalesce(min(id), 0)::bigint AS stranded
 FROM inbox
 WHERE status = 'pending' AND id < $1::bigint
@@ -153,13 +153,13 @@ WHERE status = 'pending' AND id < $1::bigint
 // InboxClaimFloorStranded returns the oldest pending message under floor,
 // or 0 for none.
 func (q *Queries) InboxClaimFloorStranded(ctx context.Context, db DBTX, floor int64) (int64, error) {
-	row := db.QueryRow(ctx, inboxClaimFloorStranded, floor)
+	row := db.QueryRow(ctx, InboxClaimFloorStranded, floor)
 	var stranded int64
 	err := row.Scan(&stranded)
 	return stranded, err
 }
 
-const outboxClaimFloorRaise = `-- name: OutboxClaimFloorRaise :one
+const OutboxClaimFloorRaise = `-- name: OutboxClaimFloorRaise :one
 SELECT setval('outbox_claim_floor_seq', coalesce(min(id), $1::bigint + 1), true)::bigint AS floor
 FROM outbox
 WHERE published_at IS NULL AND dead_at IS NULL AND id >= $2::bigint AND id <= $1::bigint
@@ -173,13 +173,13 @@ type OutboxClaimFloorRaiseParams struct {
 // OutboxClaimFloorRaise does for the outbox what InboxClaimFloorRaise does
 // for the inbox: its open rows are those neither published nor dead.
 func (q *Queries) OutboxClaimFloorRaise(ctx context.Context, db DBTX, arg OutboxClaimFloorRaiseParams) (int64, error) {
-	row := db.QueryRow(ctx, outboxClaimFloorRaise, arg.NotedLast, arg.FromID)
+	row := db.QueryRow(ctx, OutboxClaimFloorRaise, arg.NotedLast, arg.FromID)
 	var floor int64
 	err := row.Scan(&floor)
 	return floor, err
 }
 
-const outboxClaimFloorStillStranded = `-- name: OutboxClaimFloorStillStranded :one
+const OutboxClaimFloorStillStranded = `-- name: OutboxClaimFloorStillStranded :one
 SELECT (EXISTS (SELECT 1 FROM outbox WHERE id = $1::bigint AND published_at IS NULL AND dead_at IS NULL)
         AND $1::bigint < outbox_claim_floor())::boolean AS still
 `
@@ -187,13 +187,13 @@ SELECT (EXISTS (SELECT 1 FROM outbox WHERE id = $1::bigint AND published_at IS N
 // OutboxClaimFloorStillStranded says whether outbox row id is neither
 // published nor dead, and under the outbox's floor.
 func (q *Queries) OutboxClaimFloorStillStranded(ctx context.Context, db DBTX, id int64) (bool, error) {
-	row := db.QueryRow(ctx, outboxClaimFloorStillStranded, id)
+	row := db.QueryRow(ctx, OutboxClaimFloorStillStranded, id)
 	var still bool
 	err := row.Scan(&still)
 	return still, err
 }
 
-const outboxClaimFloorStranded = `-- name: OutboxClaimFloorStranded :one
+const OutboxClaimFloorStranded = `-- name: OutboxClaimFloorStranded :one
 SELECT coalesce(min(id), 0)::bigint AS stranded
 FROM outbox
 WHERE published_at IS NULL AND dead_at IS NULL AND id < $1::bigint
@@ -202,7 +202,7 @@ WHERE published_at IS NULL AND dead_at IS NULL AND id < $1::bigint
 // OutboxClaimFloorStranded returns the oldest outbox row neither published
 // nor dead under floor, or 0 for none.
 func (q *Queries) OutboxClaimFloorStranded(ctx context.Context, db DBTX, floor int64) (int64, error) {
-	row := db.QueryRow(ctx, outboxClaimFloorStranded, floor)
+	row := db.QueryRow(ctx, OutboxClaimFloorStranded, floor)
 	var stranded int64
 	err := row.Scan(&stranded)
 	return stranded, err

@@ -10,7 +10,7 @@ import (
 	"time"
 )
 
-const inboxClaimBatch = `-- name: InboxClaimBatch :many
+const InboxClaimBatch = `-- name: InboxClaimBatch :many
 UPDATE inbox
 SET attempts = inbox.attempts + 1,
     claimed_at = now(),
@@ -67,7 +67,7 @@ type InboxClaimBatchRow struct {
 // every message has ended, and an old snapshot would leave the index full
 // of their entries.
 func (q *Queries) InboxClaimBatch(ctx context.Context, db DBTX, arg InboxClaimBatchParams) ([]InboxClaimBatchRow, error) {
-	rows, err := db.Query(ctx, inboxClaimBatch,
+	rows, err := db.Query(ctx, InboxClaimBatch,
 		arg.Process,
 		arg.Build,
 		arg.Session,
@@ -91,7 +91,7 @@ func (q *Queries) InboxClaimBatch(ctx context.Context, db DBTX, arg InboxClaimBa
 	return items, nil
 }
 
-const inboxClaimUnfinished = `-- name: InboxClaimUnfinished :many
+const InboxClaimUnfinished = `-- name: InboxClaimUnfinished :many
 WITH target AS (
     SELECT i.id, i.message_id, i.attempts, i.replay_count, i.claimed_at, i.claimed_by, i.claimed_build,
            i.claimed_at < pg_postmaster_start_time() AS lost_to_restart
@@ -180,7 +180,7 @@ type InboxClaimUnfinishedRow struct {
 // (A crash that restarts only the server's processes keeps its start time:
 // a message whose handling crashes the server still counts its attempts.)
 func (q *Queries) InboxClaimUnfinished(ctx context.Context, db DBTX, arg InboxClaimUnfinishedParams) ([]InboxClaimUnfinishedRow, error) {
-	rows, err := db.Query(ctx, inboxClaimUnfinished,
+	rows, err := db.Query(ctx, InboxClaimUnfinished,
 		arg.Session,
 		arg.LeaseSeconds,
 		arg.FirstLossOnly,
@@ -206,7 +206,7 @@ func (q *Queries) InboxClaimUnfinished(ctx context.Context, db DBTX, arg InboxCl
 	return items, nil
 }
 
-const inboxCompleteMany = `-- name: InboxCompleteMany :exec
+const InboxCompleteMany = `-- name: InboxCompleteMany :exec
 WITH u AS (
     SELECT unnest($3::bigint[])             AS id,
            unnest($4::text[])          AS status,
@@ -279,7 +279,7 @@ type InboxCompleteManyParams struct {
 // attempt number within a run; the history then keeps the first, and the
 // handling goes on.
 func (q *Queries) InboxCompleteMany(ctx context.Context, db DBTX, arg InboxCompleteManyParams) error {
-	_, err := db.Exec(ctx, inboxCompleteMany,
+	_, err := db.Exec(ctx, InboxCompleteMany,
 		arg.Process,
 		arg.Build,
 		arg.Ids,
@@ -292,7 +292,7 @@ func (q *Queries) InboxCompleteMany(ctx context.Context, db DBTX, arg InboxCompl
 	return err
 }
 
-const inboxGiveBack = `-- name: InboxGiveBack :many
+const InboxGiveBack = `-- name: InboxGiveBack :many
 WITH c AS (
     SELECT unnest($1::bigint[]) AS id, unnest($2::timestamptz[]) AS claimed_at,
            unnest($3::text[]) AS reason
@@ -335,7 +335,7 @@ type InboxGiveBackParams struct {
 // still holds is not waited for: it returns the ids of those, still
 // claimed, for the caller to give back later.
 func (q *Queries) InboxGiveBack(ctx context.Context, db DBTX, arg InboxGiveBackParams) ([]int64, error) {
-	rows, err := db.Query(ctx, inboxGiveBack, arg.Ids, arg.ClaimedAts, arg.Reasons)
+	rows, err := db.Query(ctx, InboxGiveBack, arg.Ids, arg.ClaimedAts, arg.Reasons)
 	if err != nil {
 		return nil, err
 	}
@@ -354,7 +354,7 @@ func (q *Queries) InboxGiveBack(ctx context.Context, db DBTX, arg InboxGiveBackP
 	return items, nil
 }
 
-const inboxHasUnfinished = `-- name: InboxHasUnfinished :one
+const InboxHasUnfinished = `-- name: InboxHasUnfinished :one
 SELECT EXISTS (
     SELECT 1 FROM inbox i
     WHERE i.status = 'pending' AND i.id >= inbox_claim_floor()
@@ -381,13 +381,13 @@ type InboxHasUnfinishedParams struct {
 // is handling it (a slow batch). The caller's own claim counts past the
 // lease: it handles such a message only alone, so none of its batches has it.
 func (q *Queries) InboxHasUnfinished(ctx context.Context, db DBTX, arg InboxHasUnfinishedParams) (bool, error) {
-	row := db.QueryRow(ctx, inboxHasUnfinished, arg.Session, arg.LeaseSeconds)
+	row := db.QueryRow(ctx, InboxHasUnfinished, arg.Session, arg.LeaseSeconds)
 	var has_unfinished bool
 	err := row.Scan(&has_unfinished)
 	return has_unfinished, err
 }
 
-const inboxHoldLiveness = `-- name: InboxHoldLiveness :one
+const InboxHoldLiveness = `-- name: InboxHoldLiveness :one
 WITH locked AS (
     SELECT pg_try_advisory_lock($1::bigint) AS held
 )
@@ -407,13 +407,13 @@ RETURNING true AS registered
 // nothing, when another session holds the key (one that took it after
 // this process's last session ended): the caller then takes another key.
 func (q *Queries) InboxHoldLiveness(ctx context.Context, db DBTX, session int64) (bool, error) {
-	row := db.QueryRow(ctx, inboxHoldLiveness, session)
+	row := db.QueryRow(ctx, InboxHoldLiveness, session)
 	var registered bool
 	err := row.Scan(&registered)
 	return registered, err
 }
 
-const inboxInsertMany = `-- name: InboxInsertMany :many
+const InboxInsertMany = `-- name: InboxInsertMany :many
 WITH m AS (
     SELECT message_id, message_type, routing_key, payload, order_key, traceparent, tracestate, reply_to, correlation_id, redelivered, user_id, n
     FROM ROWS FROM (unnest($1::text[]), unnest($2::text[]), unnest($3::text[]),
@@ -524,7 +524,7 @@ type InboxInsertManyRow struct {
 // request_id (0 in the other rows), for the caller to answer in the same
 // transaction (InboxReplyAnswer): its message may have ended already.
 func (q *Queries) InboxInsertMany(ctx context.Context, db DBTX, arg InboxInsertManyParams) ([]InboxInsertManyRow, error) {
-	rows, err := db.Query(ctx, inboxInsertMany,
+	rows, err := db.Query(ctx, InboxInsertMany,
 		arg.MessageIds,
 		arg.MessageTypes,
 		arg.RoutingKeys,
@@ -555,7 +555,7 @@ func (q *Queries) InboxInsertMany(ctx context.Context, db DBTX, arg InboxInsertM
 	return items, nil
 }
 
-const inboxLockClaimed = `-- name: InboxLockClaimed :many
+const InboxLockClaimed = `-- name: InboxLockClaimed :many
 SELECT i.id, i.message_id, i.message_type, i.payload, i.attempts, i.received_at, i.replay_requested,
        i.replay_count, i.claimed_at,
        coalesce(i.traceparent, '') AS traceparent, coalesce(i.tracestate, '') AS tracestate,
@@ -608,7 +608,7 @@ type InboxLockClaimedRow struct {
 // transaction answers them when the message ends (InboxReplyAnswer); a
 // request stored later is found by the workers' sweep (InboxReplyLeft).
 func (q *Queries) InboxLockClaimed(ctx context.Context, db DBTX, arg InboxLockClaimedParams) ([]InboxLockClaimedRow, error) {
-	rows, err := db.Query(ctx, inboxLockClaimed, arg.Ids, arg.ClaimedAts)
+	rows, err := db.Query(ctx, InboxLockClaimed, arg.Ids, arg.ClaimedAts)
 	if err != nil {
 		return nil, err
 	}
@@ -640,7 +640,7 @@ func (q *Queries) InboxLockClaimed(ctx context.Context, db DBTX, arg InboxLockCl
 	return items, nil
 }
 
-const inboxRecordConflicts = `-- name: InboxRecordConflicts :many
+const InboxRecordConflicts = `-- name: InboxRecordConflicts :many
 WITH d AS (
     SELECT unnest($1::text[])   AS message_id,
            unnest($2::text[]) AS message_type,
@@ -689,7 +689,7 @@ type InboxRecordConflictsRow struct {
 // with the number of such deliveries in this call. Ingest runs it only for
 // the duplicates of a batch.
 func (q *Queries) InboxRecordConflicts(ctx context.Context, db DBTX, arg InboxRecordConflictsParams) ([]InboxRecordConflictsRow, error) {
-	rows, err := db.Query(ctx, inboxRecordConflicts, arg.MessageIds, arg.MessageTypes, arg.Payloads)
+	rows, err := db.Query(ctx, InboxRecordConflicts, arg.MessageIds, arg.MessageTypes, arg.Payloads)
 	if err != nil {
 		return nil, err
 	}
@@ -713,7 +713,7 @@ func (q *Queries) InboxRecordConflicts(ctx context.Context, db DBTX, arg InboxRe
 	return items, nil
 }
 
-const inboxReplyAnswer = `-- name: InboxReplyAnswer :one
+const InboxReplyAnswer = `-- name: InboxReplyAnswer :one
 WITH due AS (
     SELECT r.id, r.message_id, r.reply_to, coalesce(r.correlation_id, r.message_id) AS correlation_id,
            coalesce(i.replay_count, 0) AS run, i.traceparent, i.tracestate,
@@ -786,13 +786,13 @@ SELECT count(*)::integer AS queued FROM queued, (SELECT count(*) FROM woken) AS 
 // each table by index, as one made for the given ones does. When it queued
 // any reply it wakes the relays at commit, as OutboxInsertMany does.
 func (q *Queries) InboxReplyAnswer(ctx context.Context, db DBTX, requestIds []int64) (int32, error) {
-	row := db.QueryRow(ctx, inboxReplyAnswer, requestIds)
+	row := db.QueryRow(ctx, InboxReplyAnswer, requestIds)
 	var queued int32
 	err := row.Scan(&queued)
 	return queued, err
 }
 
-const inboxReplyLeft = `-- name: InboxReplyLeft :one
+const InboxReplyLeft = `-- name: InboxReplyLeft :one
 WITH scanned AS (
     SELECT r.id, r.message_id
     FROM inbox_reply_requests r
@@ -829,13 +829,13 @@ type InboxReplyLeftRow struct {
 // goes on from last_id at its next pass, and from the start once a pass
 // scanned fewer than max_scan), and takes no lock.
 func (q *Queries) InboxReplyLeft(ctx context.Context, db DBTX, arg InboxReplyLeftParams) (InboxReplyLeftRow, error) {
-	row := db.QueryRow(ctx, inboxReplyLeft, arg.AfterID, arg.MaxScan)
+	row := db.QueryRow(ctx, InboxReplyLeft, arg.AfterID, arg.MaxScan)
 	var i InboxReplyLeftRow
 	err := row.Scan(&i.DueIds, &i.LastID, &i.Scanned)
 	return i, err
 }
 
-const inboxSessionsForget = `-- name: InboxSessionsForget :execrows
+const InboxSessionsForget = `-- name: InboxSessionsForget :execrows
 DELETE FROM inbox_sessions
 WHERE started_at < now() - interval '1 minute'
   AND session NOT IN (SELECT inbox_live_sessions())
@@ -845,7 +845,7 @@ WHERE started_at < now() - interval '1 minute'
 // longer live and were registered over a minute ago (a session registering
 // again sets started_at, so a row being taken back is never deleted).
 func (q *Queries) InboxSessionsForget(ctx context.Context, db DBTX) (int64, error) {
-	result, err := db.Exec(ctx, inboxSessionsForget)
+	result, err := db.Exec(ctx, InboxSessionsForget)
 	if err != nil {
 		return 0, err
 	}

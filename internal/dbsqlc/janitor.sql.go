@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-const janitorAnalyzeKeys = `-- name: JanitorAnalyzeKeys :one
+const JanitorAnalyzeKeys = `-- name: JanitorAnalyzeKeys :one
 SELECT inbox_keys_analyze_parts()::integer AS analyzed
 `
 
@@ -19,13 +19,13 @@ SELECT inbox_keys_analyze_parts()::integer AS analyzed
 // hold some keys, and returns how many it analyzed (see
 // inbox_keys_analyze_parts).
 func (q *Queries) JanitorAnalyzeKeys(ctx context.Context, db DBTX) (int32, error) {
-	row := db.QueryRow(ctx, janitorAnalyzeKeys)
+	row := db.QueryRow(ctx, JanitorAnalyzeKeys)
 	var analyzed int32
 	err := row.Scan(&analyzed)
 	return analyzed, err
 }
 
-const janitorDeleteConflicts = `-- name: JanitorDeleteConflicts :execrows
+const JanitorDeleteConflicts = `-- name: JanitorDeleteConflicts :execrows
 DELETE FROM inbox_conflicts
 WHERE id IN (
     SELECT id FROM inbox_conflicts
@@ -44,14 +44,14 @@ type JanitorDeleteConflictsParams struct {
 // JanitorDeleteConflicts deletes up to max_rows conflict records last seen
 // more than older_than_seconds ago.
 func (q *Queries) JanitorDeleteConflicts(ctx context.Context, db DBTX, arg JanitorDeleteConflictsParams) (int64, error) {
-	result, err := db.Exec(ctx, janitorDeleteConflicts, arg.OlderThanSeconds, arg.MaxRows)
+	result, err := db.Exec(ctx, JanitorDeleteConflicts, arg.OlderThanSeconds, arg.MaxRows)
 	if err != nil {
 		return 0, err
 	}
 	return result.RowsAffected(), nil
 }
 
-const janitorDeleteDead = `-- name: JanitorDeleteDead :one
+const JanitorDeleteDead = `-- name: JanitorDeleteDead :one
 WITH gone AS (
     DELETE FROM inbox
     WHERE id IN (
@@ -87,13 +87,13 @@ type JanitorDeleteDeadParams struct {
 // message that holds back later messages of its order is kept: deleting it
 // would let them run out of order; an operator replays or skips it.
 func (q *Queries) JanitorDeleteDead(ctx context.Context, db DBTX, arg JanitorDeleteDeadParams) (int64, error) {
-	row := db.QueryRow(ctx, janitorDeleteDead, arg.OlderThanSeconds, arg.MaxRows)
+	row := db.QueryRow(ctx, JanitorDeleteDead, arg.OlderThanSeconds, arg.MaxRows)
 	var count int64
 	err := row.Scan(&count)
 	return count, err
 }
 
-const janitorDeleteProcessed = `-- name: JanitorDeleteProcessed :one
+const JanitorDeleteProcessed = `-- name: JanitorDeleteProcessed :one
 
 
 WITH gone AS (
@@ -130,13 +130,13 @@ type JanitorDeleteProcessedParams struct {
 // processed more than older_than_seconds ago, with their attempt history,
 // and returns how many messages it deleted.
 func (q *Queries) JanitorDeleteProcessed(ctx context.Context, db DBTX, arg JanitorDeleteProcessedParams) (int64, error) {
-	row := db.QueryRow(ctx, janitorDeleteProcessed, arg.OlderThanSeconds, arg.MaxRows)
+	row := db.QueryRow(ctx, JanitorDeleteProcessed, arg.OlderThanSeconds, arg.MaxRows)
 	var count int64
 	err := row.Scan(&count)
 	return count, err
 }
 
-const janitorDeletePublished = `-- name: JanitorDeletePublished :execrows
+const JanitorDeletePublished = `-- name: JanitorDeletePublished :execrows
 DELETE FROM outbox
 WHERE id IN (
     SELECT id FROM outbox
@@ -155,14 +155,14 @@ type JanitorDeletePublishedParams struct {
 // JanitorDeletePublished deletes up to max_rows outbox rows published more
 // than older_than_seconds ago.
 func (q *Queries) JanitorDeletePublished(ctx context.Context, db DBTX, arg JanitorDeletePublishedParams) (int64, error) {
-	result, err := db.Exec(ctx, janitorDeletePublished, arg.OlderThanSeconds, arg.MaxRows)
+	result, err := db.Exec(ctx, JanitorDeletePublished, arg.OlderThanSeconds, arg.MaxRows)
 	if err != nil {
 		return 0, err
 	}
 	return result.RowsAffected(), nil
 }
 
-const janitorDeleteReplyRequests = `-- name: JanitorDeleteReplyRequests :execrows
+const JanitorDeleteReplyRequests = `-- name: JanitorDeleteReplyRequests :execrows
 DELETE FROM inbox_reply_requests
 WHERE id IN (
     SELECT id FROM inbox_reply_requests
@@ -182,14 +182,14 @@ type JanitorDeleteReplyRequestsParams struct {
 // more than older_than_seconds ago. Requests leave with their message; this
 // catches one stored for a message that the janitor was deleting meanwhile.
 func (q *Queries) JanitorDeleteReplyRequests(ctx context.Context, db DBTX, arg JanitorDeleteReplyRequestsParams) (int64, error) {
-	result, err := db.Exec(ctx, janitorDeleteReplyRequests, arg.OlderThanSeconds, arg.MaxRows)
+	result, err := db.Exec(ctx, JanitorDeleteReplyRequests, arg.OlderThanSeconds, arg.MaxRows)
 	if err != nil {
 		return 0, err
 	}
 	return result.RowsAffected(), nil
 }
 
-const janitorDeleteUndeliverable = `-- name: JanitorDeleteUndeliverable :execrows
+const JanitorDeleteUndeliverable = `-- name: JanitorDeleteUndeliverable :execrows
 DELETE FROM outbox
 WHERE id IN (
     SELECT id FROM outbox
@@ -213,14 +213,14 @@ type JanitorDeleteUndeliverableParams struct {
 // Oldest end first, in outbox_dead_at_idx's order: the pass reads the dead
 // rows' entries and no others (see outbox_dead_at_idx).
 func (q *Queries) JanitorDeleteUndeliverable(ctx context.Context, db DBTX, arg JanitorDeleteUndeliverableParams) (int64, error) {
-	result, err := db.Exec(ctx, janitorDeleteUndeliverable, arg.OlderThanSeconds, arg.MaxRows)
+	result, err := db.Exec(ctx, JanitorDeleteUndeliverable, arg.OlderThanSeconds, arg.MaxRows)
 	if err != nil {
 		return 0, err
 	}
 	return result.RowsAffected(), nil
 }
 
-const janitorKeysClose = `-- name: JanitorKeysClose :execrows
+const JanitorKeysClose = `-- name: JanitorKeysClose :execrows
 UPDATE inbox_key_generations SET closed_at = clock_timestamp()
 WHERE generation = $1::bigint AND closed_at IS NULL
 `
@@ -228,14 +228,14 @@ WHERE generation = $1::bigint AND closed_at IS NULL
 // JanitorKeysClose closes the current generation: every key of it has
 // been committed by now.
 func (q *Queries) JanitorKeysClose(ctx context.Context, db DBTX, generation int64) (int64, error) {
-	result, err := db.Exec(ctx, janitorKeysClose, generation)
+	result, err := db.Exec(ctx, JanitorKeysClose, generation)
 	if err != nil {
 		return 0, err
 	}
 	return result.RowsAffected(), nil
 }
 
-const janitorKeysCoverWindow = `-- name: JanitorKeysCoverWindow :one
+const JanitorKeysCoverWindow = `-- name: JanitorKeysCoverWindow :one
 SELECT coalesce((SELECT g.opened_at FROM inbox_key_generations g ORDER BY g.generation LIMIT 1)
                 <= now() - make_interval(secs => $1::float8), false)::boolean AS covered
 `
@@ -246,13 +246,13 @@ SELECT coalesce((SELECT g.opened_at FROM inbox_key_generations g ORDER BY g.gene
 // their ids, and stay for the window. It started when its first generation
 // opened (read by the primary key).
 func (q *Queries) JanitorKeysCoverWindow(ctx context.Context, db DBTX, dedupeWindowSeconds float64) (bool, error) {
-	row := db.QueryRow(ctx, janitorKeysCoverWindow, dedupeWindowSeconds)
+	row := db.QueryRow(ctx, JanitorKeysCoverWindow, dedupeWindowSeconds)
 	var covered bool
 	err := row.Scan(&covered)
 	return covered, err
 }
 
-const janitorKeysCurrent = `-- name: JanitorKeysCurrent :one
+const JanitorKeysCurrent = `-- name: JanitorKeysCurrent :one
 SELECT g.generation, g.slot,
        clock_timestamp() >= g.opened_at + make_interval(secs => $1::float8 / 7) AS due,
        EXISTS (SELECT 1 FROM inbox_key_hot_parts h WHERE h.state = 'empty') AS part_empty,
@@ -279,7 +279,7 @@ type JanitorKeysCurrentRow struct {
 // hold its keys), or never wrote it. The slots go round in order, so the
 // next slot was last written seven generations ago.
 func (q *Queries) JanitorKeysCurrent(ctx context.Context, db DBTX, dedupeWindowSeconds float64) (JanitorKeysCurrentRow, error) {
-	row := db.QueryRow(ctx, janitorKeysCurrent, dedupeWindowSeconds)
+	row := db.QueryRow(ctx, JanitorKeysCurrent, dedupeWindowSeconds)
 	var i JanitorKeysCurrentRow
 	err := row.Scan(
 		&i.Generation,
@@ -291,7 +291,7 @@ func (q *Queries) JanitorKeysCurrent(ctx context.Context, db DBTX, dedupeWindowS
 	return i, err
 }
 
-const janitorKeysEmptyMerged = `-- name: JanitorKeysEmptyMerged :one
+const JanitorKeysEmptyMerged = `-- name: JanitorKeysEmptyMerged :one
 UPDATE inbox_key_hot_parts SET state = 'empty', slot = NULL, since = clock_timestamp()
 WHERE part = (SELECT m.part FROM inbox_key_hot_parts m WHERE m.state = 'merged' LIMIT 1 FOR UPDATE SKIP LOCKED)
 RETURNING part
@@ -301,24 +301,24 @@ RETURNING part
 // session is emptying it, and returns it (its TRUNCATE follows in the same
 // transaction).
 func (q *Queries) JanitorKeysEmptyMerged(ctx context.Context, db DBTX) (int16, error) {
-	row := db.QueryRow(ctx, janitorKeysEmptyMerged)
+	row := db.QueryRow(ctx, JanitorKeysEmptyMerged)
 	var part int16
 	err := row.Scan(&part)
 	return part, err
 }
 
-const janitorKeysLockGenerations = `-- name: JanitorKeysLockGenerations :exec
+const JanitorKeysLockGenerations = `-- name: JanitorKeysLockGenerations :exec
 LOCK TABLE inbox_key_generations IN SHARE ROW EXCLUSIVE MODE
 `
 
 // JanitorKeysLockGenerations takes the generations' SHARE ROW EXCLUSIVE
 // lock: one seal or rotation at a time.
 func (q *Queries) JanitorKeysLockGenerations(ctx context.Context, db DBTX) error {
-	_, err := db.Exec(ctx, janitorKeysLockGenerations)
+	_, err := db.Exec(ctx, JanitorKeysLockGenerations)
 	return err
 }
 
-const janitorKeysLockRemembering = `-- name: JanitorKeysLockRemembering :exec
+const JanitorKeysLockRemembering = `-- name: JanitorKeysLockRemembering :exec
 LOCK TABLE inbox_key_hot_parts IN SHARE MODE
 `
 
@@ -326,11 +326,11 @@ LOCK TABLE inbox_key_hot_parts IN SHARE MODE
 // hot parts' SHARE lock): it waits for the transactions writing keys
 // (inbox_keys_remember holds its ROW EXCLUSIVE lock) and holds up new ones.
 func (q *Queries) JanitorKeysLockRemembering(ctx context.Context, db DBTX) error {
-	_, err := db.Exec(ctx, janitorKeysLockRemembering)
+	_, err := db.Exec(ctx, JanitorKeysLockRemembering)
 	return err
 }
 
-const janitorKeysLockWait = `-- name: JanitorKeysLockWait :exec
+const JanitorKeysLockWait = `-- name: JanitorKeysLockWait :exec
 
 SELECT set_config('lock_timeout', $1::bigint::text, true)
 `
@@ -344,22 +344,22 @@ SELECT set_config('lock_timeout', $1::bigint::text, true)
 // JanitorKeysLockWait bounds every lock wait of the rest of the
 // transaction to lock_wait_ms (its lock_timeout).
 func (q *Queries) JanitorKeysLockWait(ctx context.Context, db DBTX, lockWaitMs int64) error {
-	_, err := db.Exec(ctx, janitorKeysLockWait, lockWaitMs)
+	_, err := db.Exec(ctx, JanitorKeysLockWait, lockWaitMs)
 	return err
 }
 
-const janitorKeysMergeMemory = `-- name: JanitorKeysMergeMemory :exec
+const JanitorKeysMergeMemory = `-- name: JanitorKeysMergeMemory :exec
 SELECT set_config('work_mem', '64MB', true)
 `
 
 // JanitorKeysMergeMemory lets the rest of the transaction sort a range
 // (about max_bytes of keys) in memory.
 func (q *Queries) JanitorKeysMergeMemory(ctx context.Context, db DBTX) error {
-	_, err := db.Exec(ctx, janitorKeysMergeMemory)
+	_, err := db.Exec(ctx, JanitorKeysMergeMemory)
 	return err
 }
 
-const janitorKeysMergeRange = `-- name: JanitorKeysMergeRange :execrows
+const JanitorKeysMergeRange = `-- name: JanitorKeysMergeRange :execrows
 INSERT INTO inbox_keys (slot, message_id)
 SELECT $1::smallint, k.message_id FROM inbox_keys k
 WHERE k.slot = $2::smallint
@@ -380,7 +380,7 @@ type JanitorKeysMergeRangeParams struct {
 // (hashtext(message_id) & mask) are in [lo, hi) into their slot, in
 // bucket order, through the parent (the service may write only there).
 func (q *Queries) JanitorKeysMergeRange(ctx context.Context, db DBTX, arg JanitorKeysMergeRangeParams) (int64, error) {
-	result, err := db.Exec(ctx, janitorKeysMergeRange,
+	result, err := db.Exec(ctx, JanitorKeysMergeRange,
 		arg.Slot,
 		arg.Part,
 		arg.Mask,
@@ -393,7 +393,7 @@ func (q *Queries) JanitorKeysMergeRange(ctx context.Context, db DBTX, arg Janito
 	return result.RowsAffected(), nil
 }
 
-const janitorKeysMerged = `-- name: JanitorKeysMerged :exec
+const JanitorKeysMerged = `-- name: JanitorKeysMerged :exec
 UPDATE inbox_key_hot_parts SET merge_mask = $1::integer, merged_buckets = $2::integer
 WHERE part = $3::smallint AND state = 'sealed'
 `
@@ -407,11 +407,11 @@ type JanitorKeysMergedParams struct {
 // JanitorKeysMerged records that the part's buckets below merged_buckets
 // are in their slot, merged by mask.
 func (q *Queries) JanitorKeysMerged(ctx context.Context, db DBTX, arg JanitorKeysMergedParams) error {
-	_, err := db.Exec(ctx, janitorKeysMerged, arg.Mask, arg.MergedBuckets, arg.Part)
+	_, err := db.Exec(ctx, JanitorKeysMerged, arg.Mask, arg.MergedBuckets, arg.Part)
 	return err
 }
 
-const janitorKeysMergedAll = `-- name: JanitorKeysMergedAll :exec
+const JanitorKeysMergedAll = `-- name: JanitorKeysMergedAll :exec
 UPDATE inbox_key_hot_parts SET state = 'merged', since = clock_timestamp(), merge_mask = NULL, merged_buckets = 0
 WHERE part = $1::smallint AND state = 'sealed'
 `
@@ -419,11 +419,11 @@ WHERE part = $1::smallint AND state = 'sealed'
 // JanitorKeysMergedAll marks the part merged: every key of it is in its
 // slot.
 func (q *Queries) JanitorKeysMergedAll(ctx context.Context, db DBTX, part int16) error {
-	_, err := db.Exec(ctx, janitorKeysMergedAll, part)
+	_, err := db.Exec(ctx, JanitorKeysMergedAll, part)
 	return err
 }
 
-const janitorKeysOpen = `-- name: JanitorKeysOpen :exec
+const JanitorKeysOpen = `-- name: JanitorKeysOpen :exec
 INSERT INTO inbox_key_generations (generation, slot, opened_at)
 VALUES ($1::bigint, $2::smallint, clock_timestamp())
 `
@@ -435,11 +435,11 @@ type JanitorKeysOpenParams struct {
 
 // JanitorKeysOpen opens a generation, which writes slot.
 func (q *Queries) JanitorKeysOpen(ctx context.Context, db DBTX, arg JanitorKeysOpenParams) error {
-	_, err := db.Exec(ctx, janitorKeysOpen, arg.Generation, arg.Slot)
+	_, err := db.Exec(ctx, JanitorKeysOpen, arg.Generation, arg.Slot)
 	return err
 }
 
-const janitorKeysSealWriting = `-- name: JanitorKeysSealWriting :exec
+const JanitorKeysSealWriting = `-- name: JanitorKeysSealWriting :exec
 UPDATE inbox_key_hot_parts SET state = 'sealed', slot = $1::smallint, since = clock_timestamp()
 WHERE state = 'writing'
 `
@@ -447,25 +447,25 @@ WHERE state = 'writing'
 // JanitorKeysSealWriting seals the hot part writing, for the slot its
 // keys belong to.
 func (q *Queries) JanitorKeysSealWriting(ctx context.Context, db DBTX, slot int16) error {
-	_, err := db.Exec(ctx, janitorKeysSealWriting, slot)
+	_, err := db.Exec(ctx, JanitorKeysSealWriting, slot)
 	return err
 }
 
-const janitorKeysStartWriting = `-- name: JanitorKeysStartWriting :execrows
+const JanitorKeysStartWriting = `-- name: JanitorKeysStartWriting :execrows
 UPDATE inbox_key_hot_parts SET state = 'writing', slot = $1::smallint, since = clock_timestamp()
 WHERE state = 'empty'
 `
 
 // JanitorKeysStartWriting makes the empty hot part write for slot.
 func (q *Queries) JanitorKeysStartWriting(ctx context.Context, db DBTX, slot int16) (int64, error) {
-	result, err := db.Exec(ctx, janitorKeysStartWriting, slot)
+	result, err := db.Exec(ctx, JanitorKeysStartWriting, slot)
 	if err != nil {
 		return 0, err
 	}
 	return result.RowsAffected(), nil
 }
 
-const janitorKeysTakeSealed = `-- name: JanitorKeysTakeSealed :one
+const JanitorKeysTakeSealed = `-- name: JanitorKeysTakeSealed :one
 SELECT p.part, p.slot::smallint AS slot, p.merge_mask, p.merged_buckets,
        pg_relation_size(format('inbox_keys_%s', p.part)::regclass) AS part_bytes,
        (pg_indexes_size(format('inbox_keys_%s', p.slot)::regclass) / current_setting('block_size')::bigint)::bigint AS slot_index_pages
@@ -487,7 +487,7 @@ type JanitorKeysTakeSealedRow struct {
 // is merging it, and reads how far its merge has gone, its heap's size and
 // its slot's index's pages.
 func (q *Queries) JanitorKeysTakeSealed(ctx context.Context, db DBTX) (JanitorKeysTakeSealedRow, error) {
-	row := db.QueryRow(ctx, janitorKeysTakeSealed)
+	row := db.QueryRow(ctx, JanitorKeysTakeSealed)
 	var i JanitorKeysTakeSealedRow
 	err := row.Scan(
 		&i.Part,
@@ -500,7 +500,7 @@ func (q *Queries) JanitorKeysTakeSealed(ctx context.Context, db DBTX) (JanitorKe
 	return i, err
 }
 
-const janitorKeysWriting = `-- name: JanitorKeysWriting :one
+const JanitorKeysWriting = `-- name: JanitorKeysWriting :one
 SELECT w.part, w.slot::smallint AS slot,
        EXISTS (SELECT 1 FROM inbox_key_hot_parts o WHERE o.state <> 'empty' AND o.part <> w.part) AS other_held,
        pg_relation_size(format('inbox_keys_%s', w.part)::regclass) AS part_bytes,
@@ -523,7 +523,7 @@ type JanitorKeysWritingRow struct {
 // and their sizes, whether the other part holds keys (sealed or merged,
 // not yet emptied), and the current generation's slot.
 func (q *Queries) JanitorKeysWriting(ctx context.Context, db DBTX) (JanitorKeysWritingRow, error) {
-	row := db.QueryRow(ctx, janitorKeysWriting)
+	row := db.QueryRow(ctx, JanitorKeysWriting)
 	var i JanitorKeysWritingRow
 	err := row.Scan(
 		&i.Part,

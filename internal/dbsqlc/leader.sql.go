@@ -9,7 +9,7 @@ import (
 	"context"
 )
 
-const leaderTake = `-- name: LeaderTake :one
+const LeaderTake = `-- name: LeaderTake :one
 WITH current AS (
     SELECT l.session, l.session IN (SELECT inbox_live_sessions()) AS live
     FROM inbox_leader l
@@ -34,7 +34,7 @@ SELECT coalesce(coalesce((SELECT session FROM taken), (SELECT session FROM curre
 // standby) never makes a ping wait.
 // (No row at all: another replica's first insert met this one's; try again.)
 func (q *Queries) LeaderTake(ctx context.Context, db DBTX, session int64) (bool, error) {
-	row := db.QueryRow(ctx, leaderTake, session)
+	row := db.QueryRow(ctx, LeaderTake, session)
 	var leads bool
 	err := row.Scan(&leads)
 	return leads, err

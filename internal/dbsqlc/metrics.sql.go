@@ -9,7 +9,7 @@ import (
 	"context"
 )
 
-const metricsGauges = `-- name: MetricsGauges :one
+const MetricsGauges = `-- name: MetricsGauges :one
 
 SELECT
     (SELECT count(*) FROM inbox WHERE status = 'pending' AND id >= inbox_claim_floor())::bigint AS pending,
@@ -95,7 +95,7 @@ type MetricsGaugesRow struct {
 // read through the dead rows' index and the pending ones' from the claim
 // floor, and each of their orders through the open rows' index.
 func (q *Queries) MetricsGauges(ctx context.Context, db DBTX) (MetricsGaugesRow, error) {
-	row := db.QueryRow(ctx, metricsGauges)
+	row := db.QueryRow(ctx, MetricsGauges)
 	var i MetricsGaugesRow
 	err := row.Scan(
 		&i.Pending,

@@ -9,7 +9,7 @@ import (
 	"context"
 )
 
-const orderConfirmationCancel = `-- name: OrderConfirmationCancel :one
+const OrderConfirmationCancel = `-- name: OrderConfirmationCancel :one
 UPDATE order_confirmations
 SET status = 'cancelled', reason = nullif($1::text, ''), updated_at = now()
 WHERE order_id = $2 AND status = 'confirmed'
@@ -25,25 +25,25 @@ type OrderConfirmationCancelParams struct {
 // pgx.ErrNoRows when the order is not confirmed (unknown, rejected or already
 // cancelled).
 func (q *Queries) OrderConfirmationCancel(ctx context.Context, db DBTX, arg OrderConfirmationCancelParams) (string, error) {
-	row := db.QueryRow(ctx, orderConfirmationCancel, arg.Reason, arg.OrderID)
+	row := db.QueryRow(ctx, OrderConfirmationCancel, arg.Reason, arg.OrderID)
 	var order_id string
 	err := row.Scan(&order_id)
 	return order_id, err
 }
 
-const orderConfirmationGetStatus = `-- name: OrderConfirmationGetStatus :one
+const OrderConfirmationGetStatus = `-- name: OrderConfirmationGetStatus :one
 SELECT status FROM order_confirmations WHERE order_id = $1
 `
 
 // OrderConfirmationGetStatus returns the status of one order.
 func (q *Queries) OrderConfirmationGetStatus(ctx context.Context, db DBTX, orderID string) (string, error) {
-	row := db.QueryRow(ctx, orderConfirmationGetStatus, orderID)
+	row := db.QueryRow(ctx, OrderConfirmationGetStatus, orderID)
 	var status string
 	err := row.Scan(&status)
 	return status, err
 }
 
-const orderConfirmationInsertCancelled = `-- name: OrderConfirmationInsertCancelled :one
+const OrderConfirmationInsertCancelled = `-- name: OrderConfirmationInsertCancelled :one
 INSERT INTO order_confirmations (order_id, status, message_id, reason)
 VALUES ($1, 'cancelled', $2, nullif($3::text, ''))
 ON CONFLICT (order_id) DO NOTHING
@@ -60,13 +60,13 @@ type OrderConfirmationInsertCancelledParams struct {
 // its order, so that a later order.created for it confirms nothing. It returns
 // pgx.ErrNoRows when the order already has a row.
 func (q *Queries) OrderConfirmationInsertCancelled(ctx context.Context, db DBTX, arg OrderConfirmationInsertCancelledParams) (string, error) {
-	row := db.QueryRow(ctx, orderConfirmationInsertCancelled, arg.OrderID, arg.MessageID, arg.Reason)
+	row := db.QueryRow(ctx, OrderConfirmationInsertCancelled, arg.OrderID, arg.MessageID, arg.Reason)
 	var order_id string
 	err := row.Scan(&order_id)
 	return order_id, err
 }
 
-const orderConfirmationInsertMany = `-- name: OrderConfirmationInsertMany :many
+const OrderConfirmationInsertMany = `-- name: OrderConfirmationInsertMany :many
 INSERT INTO order_confirmations (order_id, status, user_id, email, message_id)
 SELECT unnest($1::text[]),
        'confirmed',
@@ -93,7 +93,7 @@ type OrderConfirmationInsertManyRow struct {
 // that already has a row (whatever its status), and returns the rows it
 // inserted.
 func (q *Queries) OrderConfirmationInsertMany(ctx context.Context, db DBTX, arg OrderConfirmationInsertManyParams) ([]OrderConfirmationInsertManyRow, error) {
-	rows, err := db.Query(ctx, orderConfirmationInsertMany,
+	rows, err := db.Query(ctx, OrderConfirmationInsertMany,
 		arg.OrderIds,
 		arg.UserIds,
 		arg.Emails,
@@ -117,7 +117,7 @@ func (q *Queries) OrderConfirmationInsertMany(ctx context.Context, db DBTX, arg 
 	return items, nil
 }
 
-const orderConfirmationRejectMany = `-- name: OrderConfirmationRejectMany :exec
+const OrderConfirmationRejectMany = `-- name: OrderConfirmationRejectMany :exec
 UPDATE order_confirmations
 SET status = 'rejected', reason = u.reason, updated_at = now()
 FROM (SELECT unnest($1::text[]) AS order_id, unnest($2::text[]) AS reason) AS u
@@ -132,24 +132,48 @@ type OrderConfirmationRejectManyParams struct {
 // OrderConfirmationRejectMany marks orders just confirmed in this transaction
 // as rejected, each with its reason.
 func (q *Queries) OrderConfirmationRejectMany(ctx context.Context, db DBTX, arg OrderConfirmationRejectManyParams) error {
-	_, err := db.Exec(ctx, orderConfirmationRejectMany, arg.OrderIds, arg.Reasons)
+	_, err := db.Exec(ctx, OrderConfirmationRejectMany, arg.OrderIds, arg.Reasons)
 	return err
 }
 
-const orderLock = `-- name: OrderLock :many
-SELECT o.order_id::text AS order_id FROM order_lock($1::text[], $2::integer) AS o
+const OrderLock = `-- name: OrderLock :exec
+SELECT c.order_id FROM order_confirmations c
+WHERE c.order_id = ANY($1::text[]) ORDER BY c.order_id FOR UPDATE
 `
 
-type OrderLockParams struct {
-	OrderIds []string
-	WaitMs   int32
+// OrderLock locks the order_confirmations rows of order_ids in order id
+// order (so that batches cannot deadlock), waiting for each as
+// lock_timeout says. The handler runs it, then OrderReservationsLock,
+// with a short lock_timeout, in a savepoint (orders.LockOrders).
+func (q *Queries) OrderLock(ctx context.Context, db DBTX, orderIds []string) error {
+	_, err := db.Exec(ctx, OrderLock, orderIds)
+	return err
 }
 
-// OrderLock locks the rows the cancellations of order_ids change, waiting
-// at most wait_ms (see order_lock), and returns the orders another session
-// holds a row of.
-func (q *Queries) OrderLock(ctx context.Context, db DBTX, arg OrderLockParams) ([]string, error) {
-	rows, err := db.Query(ctx, orderLock, arg.OrderIds, arg.WaitMs)
+const OrderLockAvailable = `-- name: OrderLockAvailable :many
+WITH got_orders AS (
+    SELECT c.order_id FROM order_confirmations c
+    WHERE c.order_id = ANY($1::text[]) ORDER BY c.order_id FOR UPDATE SKIP LOCKED
+), got_reservations AS (
+    SELECT r.order_id, r.sku FROM stock_reservations r
+    WHERE r.order_id = ANY($1::text[]) AND r.released_at IS NULL
+    ORDER BY r.order_id, r.sku FOR UPDATE SKIP LOCKED
+)
+SELECT c.order_id::text AS order_id FROM order_confirmations c
+WHERE c.order_id = ANY($1::text[]) AND c.order_id NOT IN (SELECT g.order_id FROM got_orders g)
+UNION
+SELECT r.order_id::text FROM stock_reservations r
+WHERE r.order_id = ANY($1::text[]) AND r.released_at IS NULL
+  AND (r.order_id, r.sku) NOT IN (SELECT g.order_id, g.sku FROM got_reservations g)
+`
+
+// OrderLockAvailable locks, without waiting, the rows a cancellation of
+// each of order_ids changes that no other transaction holds (its
+// order_confirmations row and unreleased stock_reservations rows, in key
+// order), and returns the orders it could not lock whole: a row of theirs
+// exists and another session holds it.
+func (q *Queries) OrderLockAvailable(ctx context.Context, db DBTX, orderIds []string) ([]string, error) {
+	rows, err := db.Query(ctx, OrderLockAvailable, orderIds)
 	if err != nil {
 		return nil, err
 	}
@@ -166,4 +190,17 @@ func (q *Queries) OrderLock(ctx context.Context, db DBTX, arg OrderLockParams) (
 		return nil, err
 	}
 	return items, nil
+}
+
+const OrderReservationsLock = `-- name: OrderReservationsLock :exec
+SELECT r.order_id FROM stock_reservations r
+WHERE r.order_id = ANY($1::text[]) AND r.released_at IS NULL
+ORDER BY r.order_id, r.sku FOR UPDATE
+`
+
+// OrderReservationsLock locks the unreleased stock_reservations rows of
+// order_ids in key order, waiting for each as lock_timeout says.
+func (q *Queries) OrderReservationsLock(ctx context.Context, db DBTX, orderIds []string) error {
+	_, err := db.Exec(ctx, OrderReservationsLock, orderIds)
+	return err
 }

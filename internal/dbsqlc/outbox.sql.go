@@ -10,7 +10,7 @@ import (
 	"time"
 )
 
-const outboxClaimBatch = `-- name: OutboxClaimBatch :many
+const OutboxClaimBatch = `-- name: OutboxClaimBatch :many
 WITH candidate AS (
     SELECT o.id, o.order_key
     FROM outbox o
@@ -125,7 +125,7 @@ type OutboxClaimBatchRow struct {
 // claimed_at is set only by releases before this one, which claimed rows in
 // a transaction of their own; such a claim is respected for lease_ms.
 func (q *Queries) OutboxClaimBatch(ctx context.Context, db DBTX, arg OutboxClaimBatchParams) ([]OutboxClaimBatchRow, error) {
-	rows, err := db.Query(ctx, outboxClaimBatch, arg.LeaseMs, arg.MaxRows)
+	rows, err := db.Query(ctx, OutboxClaimBatch, arg.LeaseMs, arg.MaxRows)
 	if err != nil {
 		return nil, err
 	}
@@ -156,7 +156,7 @@ func (q *Queries) OutboxClaimBatch(ctx context.Context, db DBTX, arg OutboxClaim
 	return items, nil
 }
 
-const outboxInsertMany = `-- name: OutboxInsertMany :exec
+const OutboxInsertMany = `-- name: OutboxInsertMany :exec
 WITH inserted AS (
     INSERT INTO outbox (idempotency_key, routing_key, payload, message_id, order_key, traceparent, tracestate)
     SELECT e.idempotency_key, e.routing_key, e.payload::jsonb, e.message_id, nullif(e.order_key, ''),
@@ -194,7 +194,7 @@ type OutboxInsertManyParams struct {
 // database. Rows written otherwise (an operator's INSERT, a replay) are
 // found by the relays' polling (INBOX_POLL_INTERVAL).
 func (q *Queries) OutboxInsertMany(ctx context.Context, db DBTX, arg OutboxInsertManyParams) error {
-	_, err := db.Exec(ctx, outboxInsertMany,
+	_, err := db.Exec(ctx, OutboxInsertMany,
 		arg.IdempotencyKeys,
 		arg.RoutingKeys,
 		arg.Payloads,
@@ -206,7 +206,7 @@ func (q *Queries) OutboxInsertMany(ctx context.Context, db DBTX, arg OutboxInser
 	return err
 }
 
-const outboxRelease = `-- name: OutboxRelease :exec
+const OutboxRelease = `-- name: OutboxRelease :exec
 UPDATE outbox
 SET published_at = NULL,
     last_error = $1::text,
@@ -229,7 +229,7 @@ type OutboxReleaseParams struct {
 // will not change), a row that has had max_attempts attempts ends dead
 // instead: it is not claimed again until an operator replays it.
 func (q *Queries) OutboxRelease(ctx context.Context, db DBTX, arg OutboxReleaseParams) error {
-	_, err := db.Exec(ctx, outboxRelease,
+	_, err := db.Exec(ctx, OutboxRelease,
 		arg.LastError,
 		arg.RetryDelayMs,
 		arg.Refused,

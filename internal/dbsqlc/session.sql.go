@@ -9,7 +9,7 @@ import (
 	"context"
 )
 
-const sessionCurrentSchema = `-- name: SessionCurrentSchema :one
+const SessionCurrentSchema = `-- name: SessionCurrentSchema :one
 
 SELECT coalesce(current_schema(), '')::text AS schema
 `
@@ -17,24 +17,24 @@ SELECT coalesce(current_schema(), '')::text AS schema
 // Named after what it works on, the database session (its schema, LISTEN), not a table.
 // SessionCurrentSchema returns the schema that unqualified table names resolve to.
 func (q *Queries) SessionCurrentSchema(ctx context.Context, db DBTX) (string, error) {
-	row := db.QueryRow(ctx, sessionCurrentSchema)
+	row := db.QueryRow(ctx, SessionCurrentSchema)
 	var schema string
 	err := row.Scan(&schema)
 	return schema, err
 }
 
-const sessionListenInboxPending = `-- name: SessionListenInboxPending :exec
+const SessionListenInboxPending = `-- name: SessionListenInboxPending :exec
 LISTEN inbox_pending
 `
 
 // SessionListenInboxPending subscribes the session to the inbox_pending
 // notifications sent by the statement that stores messages (InboxInsertMany).
 func (q *Queries) SessionListenInboxPending(ctx context.Context, db DBTX) error {
-	_, err := db.Exec(ctx, sessionListenInboxPending)
+	_, err := db.Exec(ctx, SessionListenInboxPending)
 	return err
 }
 
-const sessionListenOutboxPending = `-- name: SessionListenOutboxPending :exec
+const SessionListenOutboxPending = `-- name: SessionListenOutboxPending :exec
 LISTEN outbox_pending
 `
 
@@ -42,6 +42,30 @@ LISTEN outbox_pending
 // notifications sent by the statements that write outbox rows
 // (OutboxInsertMany, and the replies of InboxReplyAnswer).
 func (q *Queries) SessionListenOutboxPending(ctx context.Context, db DBTX) error {
-	_, err := db.Exec(ctx, sessionListenOutboxPending)
+	_, err := db.Exec(ctx, SessionListenOutboxPending)
+	return err
+}
+
+const SessionLockTimeout = `-- name: SessionLockTimeout :one
+SELECT current_setting('lock_timeout')::text AS lock_timeout
+`
+
+// SessionLockTimeout returns the session's lock_timeout as it stands in
+// the transaction.
+func (q *Queries) SessionLockTimeout(ctx context.Context, db DBTX) (string, error) {
+	row := db.QueryRow(ctx, SessionLockTimeout)
+	var lock_timeout string
+	err := row.Scan(&lock_timeout)
+	return lock_timeout, err
+}
+
+const SessionSetLockTimeoutLocal = `-- name: SessionSetLockTimeoutLocal :exec
+SELECT set_config('lock_timeout', $1::text, true)
+`
+
+// SessionSetLockTimeoutLocal sets lock_timeout until the transaction ends,
+// or until the savepoint it is set under is rolled back.
+func (q *Queries) SessionSetLockTimeoutLocal(ctx context.Context, db DBTX, lockTimeout string) error {
+	_, err := db.Exec(ctx, SessionSetLockTimeoutLocal, lockTimeout)
 	return err
 }

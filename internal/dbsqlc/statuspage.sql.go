@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-const statusPageConflicts = `-- name: StatusPageConflicts :many
+const StatusPageConflicts = `-- name: StatusPageConflicts :many
 SELECT message_id, message_type, deliveries, first_seen_at, last_seen_at
 FROM inbox_conflicts
 ORDER BY last_seen_at DESC
@@ -30,7 +30,7 @@ type StatusPageConflictsRow struct {
 // StatusPageConflicts returns the latest conflicting ids of inbox_conflicts,
 // without their payloads.
 func (q *Queries) StatusPageConflicts(ctx context.Context, db DBTX, maxRows int32) ([]StatusPageConflictsRow, error) {
-	rows, err := db.Query(ctx, statusPageConflicts, maxRows)
+	rows, err := db.Query(ctx, StatusPageConflicts, maxRows)
 	if err != nil {
 		return nil, err
 	}
@@ -55,7 +55,7 @@ func (q *Queries) StatusPageConflicts(ctx context.Context, db DBTX, maxRows int3
 	return items, nil
 }
 
-const statusPageDead = `-- name: StatusPageDead :many
+const StatusPageDead = `-- name: StatusPageDead :many
 SELECT message_id, message_type, attempts, last_error, died_at, replay_count,
        coalesce(last_build, '')::text AS last_build
 FROM inbox_dead
@@ -74,7 +74,7 @@ type StatusPageDeadRow struct {
 
 // StatusPageDead reads the newest messages of inbox_dead.
 func (q *Queries) StatusPageDead(ctx context.Context, db DBTX, maxRows int32) ([]StatusPageDeadRow, error) {
-	rows, err := db.Query(ctx, statusPageDead, maxRows)
+	rows, err := db.Query(ctx, StatusPageDead, maxRows)
 	if err != nil {
 		return nil, err
 	}
@@ -101,7 +101,7 @@ func (q *Queries) StatusPageDead(ctx context.Context, db DBTX, maxRows int32) ([
 	return items, nil
 }
 
-const statusPageDeadByError = `-- name: StatusPageDeadByError :many
+const StatusPageDeadByError = `-- name: StatusPageDeadByError :many
 SELECT last_error, messages, message_types::text[] AS message_types,
        first_died_at, last_died_at
 FROM inbox_dead_by_error
@@ -118,7 +118,7 @@ type StatusPageDeadByErrorRow struct {
 
 // StatusPageDeadByError reads inbox_dead_by_error, most messages first.
 func (q *Queries) StatusPageDeadByError(ctx context.Context, db DBTX, maxRows int32) ([]StatusPageDeadByErrorRow, error) {
-	rows, err := db.Query(ctx, statusPageDeadByError, maxRows)
+	rows, err := db.Query(ctx, StatusPageDeadByError, maxRows)
 	if err != nil {
 		return nil, err
 	}
@@ -143,7 +143,7 @@ func (q *Queries) StatusPageDeadByError(ctx context.Context, db DBTX, maxRows in
 	return items, nil
 }
 
-const statusPageFailuresByBuild = `-- name: StatusPageFailuresByBuild :many
+const StatusPageFailuresByBuild = `-- name: StatusPageFailuresByBuild :many
 SELECT build, outcome, attempts, messages,
        first_at::timestamptz AS first_at, last_at::timestamptz AS last_at
 FROM inbox_failures_by_build
@@ -161,7 +161,7 @@ type StatusPageFailuresByBuildRow struct {
 
 // StatusPageFailuresByBuild reads inbox_failures_by_build, latest first.
 func (q *Queries) StatusPageFailuresByBuild(ctx context.Context, db DBTX, maxRows int32) ([]StatusPageFailuresByBuildRow, error) {
-	rows, err := db.Query(ctx, statusPageFailuresByBuild, maxRows)
+	rows, err := db.Query(ctx, StatusPageFailuresByBuild, maxRows)
 	if err != nil {
 		return nil, err
 	}
@@ -187,7 +187,7 @@ func (q *Queries) StatusPageFailuresByBuild(ctx context.Context, db DBTX, maxRow
 	return items, nil
 }
 
-const statusPageHeldBack = `-- name: StatusPageHeldBack :many
+const StatusPageHeldBack = `-- name: StatusPageHeldBack :many
 SELECT order_key, blocking_message_id, blocking_message_type, blocking_status, attempts,
        last_error, next_attempt_at, held_messages,
        oldest_held_received_at::timestamptz AS oldest_held_received_at
@@ -210,7 +210,7 @@ type StatusPageHeldBackRow struct {
 
 // StatusPageHeldBack reads inbox_held_back, the longest waiting first.
 func (q *Queries) StatusPageHeldBack(ctx context.Context, db DBTX, maxRows int32) ([]StatusPageHeldBackRow, error) {
-	rows, err := db.Query(ctx, statusPageHeldBack, maxRows)
+	rows, err := db.Query(ctx, StatusPageHeldBack, maxRows)
 	if err != nil {
 		return nil, err
 	}
@@ -239,7 +239,7 @@ func (q *Queries) StatusPageHeldBack(ctx context.Context, db DBTX, maxRows int32
 	return items, nil
 }
 
-const statusPageInboxOverview = `-- name: StatusPageInboxOverview :one
+const StatusPageInboxOverview = `-- name: StatusPageInboxOverview :one
 SELECT pending,
        in_progress,
        waiting_retry,
@@ -272,7 +272,7 @@ type StatusPageInboxOverviewRow struct {
 
 // StatusPageInboxOverview reads inbox_overview, its ages in seconds.
 func (q *Queries) StatusPageInboxOverview(ctx context.Context, db DBTX) (StatusPageInboxOverviewRow, error) {
-	row := db.QueryRow(ctx, statusPageInboxOverview)
+	row := db.QueryRow(ctx, StatusPageInboxOverview)
 	var i StatusPageInboxOverviewRow
 	err := row.Scan(
 		&i.Pending,
@@ -291,7 +291,7 @@ func (q *Queries) StatusPageInboxOverview(ctx context.Context, db DBTX) (StatusP
 	return i, err
 }
 
-const statusPageLockHolders = `-- name: StatusPageLockHolders :many
+const StatusPageLockHolders = `-- name: StatusPageLockHolders :many
 SELECT pid::integer AS pid, coalesce(usename, '')::text AS usename, coalesce(application_name, '')::text AS application_name,
        coalesce(client_addr, '')::text AS client_addr, coalesce(state, '')::text AS state,
        xact_start::timestamptz AS xact_start, coalesce(extract(epoch FROM open_for), 0)::float8 AS open_seconds,
@@ -315,7 +315,7 @@ type StatusPageLockHoldersRow struct {
 
 // StatusPageLockHolders reads inbox_lock_holders, the longest open first.
 func (q *Queries) StatusPageLockHolders(ctx context.Context, db DBTX, maxRows int32) ([]StatusPageLockHoldersRow, error) {
-	rows, err := db.Query(ctx, statusPageLockHolders, maxRows)
+	rows, err := db.Query(ctx, StatusPageLockHolders, maxRows)
 	if err != nil {
 		return nil, err
 	}
@@ -344,7 +344,7 @@ func (q *Queries) StatusPageLockHolders(ctx context.Context, db DBTX, maxRows in
 	return items, nil
 }
 
-const statusPageMessage = `-- name: StatusPageMessage :one
+const StatusPageMessage = `-- name: StatusPageMessage :one
 SELECT id, message_id, message_type, routing_key, status, attempts, last_error, result,
        received_at, next_attempt_at, claimed_at, claimed_by, claimed_build, processed_at,
        replay_requested, replay_count, replayed_at, replayed_by, replay_reason, order_key,
@@ -379,7 +379,7 @@ type StatusPageMessageRow struct {
 
 // StatusPageMessage returns one inbox row without its payload (only its size).
 func (q *Queries) StatusPageMessage(ctx context.Context, db DBTX, messageID string) (StatusPageMessageRow, error) {
-	row := db.QueryRow(ctx, statusPageMessage, messageID)
+	row := db.QueryRow(ctx, StatusPageMessage, messageID)
 	var i StatusPageMessageRow
 	err := row.Scan(
 		&i.ID,
@@ -407,7 +407,7 @@ func (q *Queries) StatusPageMessage(ctx context.Context, db DBTX, messageID stri
 	return i, err
 }
 
-const statusPageMessageAttempts = `-- name: StatusPageMessageAttempts :many
+const StatusPageMessageAttempts = `-- name: StatusPageMessageAttempts :many
 SELECT run, attempt, outcome, error, result, process, build, started_at, finished_at
 FROM inbox_attempts
 WHERE inbox_id = $1
@@ -429,7 +429,7 @@ type StatusPageMessageAttemptsRow struct {
 // StatusPageMessageAttempts returns a message's attempts from inbox_attempts
 // in the order they were made.
 func (q *Queries) StatusPageMessageAttempts(ctx context.Context, db DBTX, inboxID int64) ([]StatusPageMessageAttemptsRow, error) {
-	rows, err := db.Query(ctx, statusPageMessageAttempts, inboxID)
+	rows, err := db.Query(ctx, StatusPageMessageAttempts, inboxID)
 	if err != nil {
 		return nil, err
 	}
@@ -458,7 +458,7 @@ func (q *Queries) StatusPageMessageAttempts(ctx context.Context, db DBTX, inboxI
 	return items, nil
 }
 
-const statusPageOutboxBacklog = `-- name: StatusPageOutboxBacklog :one
+const StatusPageOutboxBacklog = `-- name: StatusPageOutboxBacklog :one
 SELECT unpublished,
        failing,
        coalesce(extract(epoch FROM oldest_age), 0)::float8 AS oldest_seconds,
@@ -479,7 +479,7 @@ type StatusPageOutboxBacklogRow struct {
 
 // StatusPageOutboxBacklog reads outbox_backlog, its oldest age in seconds.
 func (q *Queries) StatusPageOutboxBacklog(ctx context.Context, db DBTX) (StatusPageOutboxBacklogRow, error) {
-	row := db.QueryRow(ctx, statusPageOutboxBacklog)
+	row := db.QueryRow(ctx, StatusPageOutboxBacklog)
 	var i StatusPageOutboxBacklogRow
 	err := row.Scan(
 		&i.Unpublished,
@@ -492,7 +492,7 @@ func (q *Queries) StatusPageOutboxBacklog(ctx context.Context, db DBTX) (StatusP
 	return i, err
 }
 
-const statusPageReplays = `-- name: StatusPageReplays :many
+const StatusPageReplays = `-- name: StatusPageReplays :many
 SELECT message_id, replay_count, replayed_at, replayed_by, replay_reason, status, result
 FROM inbox
 WHERE replay_count > 0
@@ -513,7 +513,7 @@ type StatusPageReplaysRow struct {
 // StatusPageReplays returns the latest replays, as docs/operations.md's "who
 // replayed what" statement does.
 func (q *Queries) StatusPageReplays(ctx context.Context, db DBTX, maxRows int32) ([]StatusPageReplaysRow, error) {
-	rows, err := db.Query(ctx, statusPageReplays, maxRows)
+	rows, err := db.Query(ctx, StatusPageReplays, maxRows)
 	if err != nil {
 		return nil, err
 	}
@@ -540,7 +540,7 @@ func (q *Queries) StatusPageReplays(ctx context.Context, db DBTX, maxRows int32)
 	return items, nil
 }
 
-const statusPageSetTimeout = `-- name: StatusPageSetTimeout :exec
+const StatusPageSetTimeout = `-- name: StatusPageSetTimeout :exec
 
 SELECT set_config('statement_timeout', $1::text, true)
 `
@@ -549,11 +549,11 @@ SELECT set_config('statement_timeout', $1::text, true)
 // StatusPageSetTimeout sets statement_timeout for the rest of the status
 // page's read-only transaction (milliseconds, as text).
 func (q *Queries) StatusPageSetTimeout(ctx context.Context, db DBTX, timeoutMs string) error {
-	_, err := db.Exec(ctx, statusPageSetTimeout, timeoutMs)
+	_, err := db.Exec(ctx, StatusPageSetTimeout, timeoutMs)
 	return err
 }
 
-const statusPageThroughput = `-- name: StatusPageThroughput :many
+const StatusPageThroughput = `-- name: StatusPageThroughput :many
 SELECT m.minute::timestamptz                                       AS minute,
        coalesce(r.received, 0)::bigint                             AS received,
        coalesce(t.processed, 0)::bigint                            AS processed,
@@ -584,7 +584,7 @@ type StatusPageThroughputRow struct {
 // inbox.received_at) and, from inbox_throughput, the attempts processed,
 // the failed ones (retry, dead, abandoned) and those that went dead.
 func (q *Queries) StatusPageThroughput(ctx context.Context, db DBTX) ([]StatusPageThroughputRow, error) {
-	rows, err := db.Query(ctx, statusPageThroughput)
+	rows, err := db.Query(ctx, StatusPageThroughput)
 	if err != nil {
 		return nil, err
 	}

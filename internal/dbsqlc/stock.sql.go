@@ -9,20 +9,87 @@ import (
 	"context"
 )
 
-const stockFold = `-- name: StockFold :one
-SELECT stock_fold(NULL, $1::integer)::integer AS folded
+const StockFoldLock = `-- name: StockFoldLock :many
+SELECT s.sku FROM stock s
+CROSS JOIN LATERAL (SELECT 1 FROM stock_moves m
+                    WHERE m.sku = s.sku AND m.id > s.folded_through
+                    LIMIT 1) m
+ORDER BY s.sku LIMIT $1::integer
+FOR UPDATE OF s SKIP LOCKED
 `
 
-// StockFold folds the moves of every SKU whose row nobody holds into
-// stock.available, max_skus at most, and returns how many SKUs it folded.
-func (q *Queries) StockFold(ctx context.Context, db DBTX, maxSkus int32) (int32, error) {
-	row := db.QueryRow(ctx, stockFold, maxSkus)
-	var folded int32
-	err := row.Scan(&folded)
-	return folded, err
+// StockFoldLock locks, in SKU order, the stock rows of at most max_skus
+// SKUs that have moves to fold and that no other transaction holds, and
+// returns their SKUs. A SKU's moves past its fold are found by one index
+// probe: as a semi-join the planner merged stock with the whole of
+// stock_moves' index, and read every folded move a held snapshot keeps,
+// at every fold.
+func (q *Queries) StockFoldLock(ctx context.Context, db DBTX, maxSkus int32) ([]string, error) {
+	rows, err := db.Query(ctx, StockFoldLock, maxSkus)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []string
+	for rows.Next() {
+		var sku string
+		if err := rows.Scan(&sku); err != nil {
+			return nil, err
+		}
+		items = append(items, sku)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
 }
 
-const stockGetMany = `-- name: StockGetMany :many
+const StockFoldMany = `-- name: StockFoldMany :many
+WITH due AS (
+    SELECT l.sku, s.folded_through AS previous, l.last_move, l.unfolded
+    FROM stock_levels l JOIN stock s USING (sku)
+    WHERE l.sku = ANY($1::text[]) AND l.last_move > s.folded_through
+)
+UPDATE stock s
+SET available = s.available + due.unfolded, folded_through = due.last_move, updated_at = now()
+FROM due
+WHERE s.sku = due.sku
+RETURNING s.sku::text AS sku, due.previous::bigint AS previous, due.last_move::bigint AS through
+`
+
+type StockFoldManyRow struct {
+	Sku      string
+	Previous int64
+	Through  int64
+}
+
+// StockFoldMany folds the moves of skus, stock rows the transaction has
+// locked, into stock.available and moves folded_through to the newest; the
+// levels stay as they were. It returns, for each SKU it folded, the range
+// of the moves it folded: past previous, up to through. Run after the
+// locks, in a statement of its own: every move of these SKUs is committed,
+// and none can be added until the transaction ends.
+func (q *Queries) StockFoldMany(ctx context.Context, db DBTX, skus []string) ([]StockFoldManyRow, error) {
+	rows, err := db.Query(ctx, StockFoldMany, skus)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	var items []StockFoldManyRow
+	for rows.Next() {
+		var i StockFoldManyRow
+		if err := rows.Scan(&i.Sku, &i.Previous, &i.Through); err != nil {
+			return nil, err
+		}
+		items = append(items, i)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	return items, nil
+}
+
+const StockGetMany = `-- name: StockGetMany :many
 SELECT sku::text AS sku, available::integer AS available FROM stock_levels WHERE sku = ANY($1::text[])
 `
 
@@ -33,7 +100,7 @@ type StockGetManyRow struct {
 
 // StockGetMany returns the levels of skus, locked or not.
 func (q *Queries) StockGetMany(ctx context.Context, db DBTX, skus []string) ([]StockGetManyRow, error) {
-	rows, err := db.Query(ctx, stockGetMany, skus)
+	rows, err := db.Query(ctx, StockGetMany, skus)
 	if err != nil {
 		return nil, err
 	}
@@ -52,37 +119,27 @@ func (q *Queries) StockGetMany(ctx context.Context, db DBTX, skus []string) ([]S
 	return items, nil
 }
 
-const stockLock = `-- name: StockLock :many
-SELECT l.sku::text AS sku, l.available::integer AS available
-FROM stock_lock($1::text[], $2::integer) AS l
+const StockLock = `-- name: StockLock :many
+SELECT s.sku FROM stock s WHERE s.sku = ANY($1::text[]) ORDER BY s.sku FOR UPDATE
 `
 
-type StockLockParams struct {
-	Skus   []string
-	WaitMs int32
-}
-
-type StockLockRow struct {
-	Sku       string
-	Available int32
-}
-
-// StockLock locks the stock rows of skus in SKU order, waiting at most
-// wait_ms for each, then locking only those nobody holds (see the
-// stock_lock function), and returns the rows it locked with their levels.
-func (q *Queries) StockLock(ctx context.Context, db DBTX, arg StockLockParams) ([]StockLockRow, error) {
-	rows, err := db.Query(ctx, stockLock, arg.Skus, arg.WaitMs)
+// StockLock locks the stock rows of skus in SKU order (so that batches
+// cannot deadlock), waiting for each as lock_timeout says, and returns
+// their SKUs. The handler runs it with a short lock_timeout, in a
+// savepoint (orders.LockStock).
+func (q *Queries) StockLock(ctx context.Context, db DBTX, skus []string) ([]string, error) {
+	rows, err := db.Query(ctx, StockLock, skus)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var items []StockLockRow
+	var items []string
 	for rows.Next() {
-		var i StockLockRow
-		if err := rows.Scan(&i.Sku, &i.Available); err != nil {
+		var sku string
+		if err := rows.Scan(&sku); err != nil {
 			return nil, err
 		}
-		items = append(items, i)
+		items = append(items, sku)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
@@ -90,32 +147,25 @@ func (q *Queries) StockLock(ctx context.Context, db DBTX, arg StockLockParams) (
 	return items, nil
 }
 
-const stockLockAvailable = `-- name: StockLockAvailable :many
-SELECT l.sku::text AS sku, l.available::integer AS available
-FROM stock_lock($1::text[], 0) AS l
+const StockLockAvailable = `-- name: StockLockAvailable :many
+SELECT s.sku FROM stock s WHERE s.sku = ANY($1::text[]) ORDER BY s.sku FOR UPDATE SKIP LOCKED
 `
-
-type StockLockAvailableRow struct {
-	Sku       string
-	Available int32
-}
 
 // StockLockAvailable locks, in SKU order, the stock rows of skus that no
-// other transaction holds, and returns them with their levels. It never
-// waits: the handler probes rows it found held a moment ago with it.
-func (q *Queries) StockLockAvailable(ctx context.Context, db DBTX, skus []string) ([]StockLockAvailableRow, error) {
-	rows, err := db.Query(ctx, stockLockAvailable, skus)
+// other transaction holds, and returns their SKUs. It never waits.
+func (q *Queries) StockLockAvailable(ctx context.Context, db DBTX, skus []string) ([]string, error) {
+	rows, err := db.Query(ctx, StockLockAvailable, skus)
 	if err != nil {
 		return nil, err
 	}
 	defer rows.Close()
-	var items []StockLockAvailableRow
+	var items []string
 	for rows.Next() {
-		var i StockLockAvailableRow
-		if err := rows.Scan(&i.Sku, &i.Available); err != nil {
+		var sku string
+		if err := rows.Scan(&sku); err != nil {
 			return nil, err
 		}
-		items = append(items, i)
+		items = append(items, sku)
 	}
 	if err := rows.Err(); err != nil {
 		return nil, err
@@ -123,7 +173,48 @@ func (q *Queries) StockLockAvailable(ctx context.Context, db DBTX, skus []string
 	return items, nil
 }
 
-const stockRelease = `-- name: StockRelease :one
+const StockMovesDeleteFolded = `-- name: StockMovesDeleteFolded :exec
+DELETE FROM stock_moves
+WHERE sku = $1 AND id > $2::bigint AND id <= $3::bigint
+`
+
+type StockMovesDeleteFoldedParams struct {
+	Sku      string
+	Previous int64
+	Through  int64
+}
+
+// StockMovesDeleteFolded deletes one SKU's folded moves, past previous up
+// to through: one range of the primary key, so that it reads the moves it
+// deletes and not those a held snapshot keeps below them (joined to a list
+// of SKUs, the planner merged the delete with the whole index).
+func (q *Queries) StockMovesDeleteFolded(ctx context.Context, db DBTX, arg StockMovesDeleteFoldedParams) error {
+	_, err := db.Exec(ctx, StockMovesDeleteFolded, arg.Sku, arg.Previous, arg.Through)
+	return err
+}
+
+const StockMovesDeleteFoldedUnlocked = `-- name: StockMovesDeleteFoldedUnlocked :exec
+DELETE FROM stock_moves m
+WHERE m.ctid = ANY (ARRAY(
+    SELECT x.ctid FROM stock_moves x
+    WHERE x.sku = $1 AND x.id > $2::bigint AND x.id <= $3::bigint
+    FOR UPDATE SKIP LOCKED))
+`
+
+type StockMovesDeleteFoldedUnlockedParams struct {
+	Sku      string
+	Previous int64
+	Through  int64
+}
+
+// StockMovesDeleteFoldedUnlocked is StockMovesDeleteFolded for the moves
+// no other transaction has locked: it waits for none.
+func (q *Queries) StockMovesDeleteFoldedUnlocked(ctx context.Context, db DBTX, arg StockMovesDeleteFoldedUnlockedParams) error {
+	_, err := db.Exec(ctx, StockMovesDeleteFoldedUnlocked, arg.Sku, arg.Previous, arg.Through)
+	return err
+}
+
+const StockRelease = `-- name: StockRelease :one
 WITH released AS (
     UPDATE stock_reservations
     SET released_at = now()
@@ -144,13 +235,13 @@ SELECT count(*)::integer FROM given
 // reservations released, writes a move giving each SKU's quantity back,
 // and returns how many SKUs it gave back to.
 func (q *Queries) StockRelease(ctx context.Context, db DBTX, orderID string) (int32, error) {
-	row := db.QueryRow(ctx, stockRelease, orderID)
+	row := db.QueryRow(ctx, StockRelease, orderID)
 	var column_1 int32
 	err := row.Scan(&column_1)
 	return column_1, err
 }
 
-const stockReservationInsertMany = `-- name: StockReservationInsertMany :many
+const StockReservationInsertMany = `-- name: StockReservationInsertMany :many
 INSERT INTO stock_reservations (order_id, sku, quantity)
 SELECT unnest($1::text[]), unnest($2::text[]), unnest($3::integer[])
 ON CONFLICT (order_id, sku) DO NOTHING
@@ -166,7 +257,7 @@ type StockReservationInsertManyParams struct {
 // StockReservationInsertMany records reservations, skipping any (order, sku)
 // already reserved, and returns the order ids of the rows it inserted.
 func (q *Queries) StockReservationInsertMany(ctx context.Context, db DBTX, arg StockReservationInsertManyParams) ([]string, error) {
-	rows, err := db.Query(ctx, stockReservationInsertMany, arg.OrderIds, arg.Skus, arg.Quantities)
+	rows, err := db.Query(ctx, StockReservationInsertMany, arg.OrderIds, arg.Skus, arg.Quantities)
 	if err != nil {
 		return nil, err
 	}
@@ -185,7 +276,7 @@ func (q *Queries) StockReservationInsertMany(ctx context.Context, db DBTX, arg S
 	return items, nil
 }
 
-const stockReservedSkus = `-- name: StockReservedSkus :many
+const StockReservedSkus = `-- name: StockReservedSkus :many
 SELECT DISTINCT order_id, sku FROM stock_reservations
 WHERE order_id = ANY($1::text[]) AND released_at IS NULL
 `
@@ -198,7 +289,7 @@ type StockReservedSkusRow struct {
 // StockReservedSkus returns the SKUs that each of the orders holds
 // reservations on.
 func (q *Queries) StockReservedSkus(ctx context.Context, db DBTX, orderIds []string) ([]StockReservedSkusRow, error) {
-	rows, err := db.Query(ctx, stockReservedSkus, orderIds)
+	rows, err := db.Query(ctx, StockReservedSkus, orderIds)
 	if err != nil {
 		return nil, err
 	}
@@ -217,7 +308,7 @@ func (q *Queries) StockReservedSkus(ctx context.Context, db DBTX, orderIds []str
 	return items, nil
 }
 
-const stockTakeMany = `-- name: StockTakeMany :execrows
+const StockTakeMany = `-- name: StockTakeMany :execrows
 INSERT INTO stock_moves (sku, quantity)
 SELECT t.sku, -t.quantity
 FROM (SELECT unnest($1::text[]) AS sku, unnest($2::integer[]) AS quantity) AS t
@@ -233,7 +324,7 @@ type StockTakeManyParams struct {
 // take that would leave a level below zero (check_violation): the handler
 // decided on stale levels.
 func (q *Queries) StockTakeMany(ctx context.Context, db DBTX, arg StockTakeManyParams) (int64, error) {
-	result, err := db.Exec(ctx, stockTakeMany, arg.Skus, arg.Quantities)
+	result, err := db.Exec(ctx, StockTakeMany, arg.Skus, arg.Quantities)
 	if err != nil {
 		return 0, err
 	}

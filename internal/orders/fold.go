@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/orderconfirm/inboxd/internal/dbsqlc"
 	"github.com/orderconfirm/inboxd/internal/retry"
 )
@@ -25,9 +27,19 @@ const (
 	stockFoldBatches = 100
 )
 
+// foldedMovesWait is how long a fold waits for a folded move that another
+// session has locked (an owner's SELECT ... FOR UPDATE) before it leaves
+// that move be: it holds stock rows that batches wait for meanwhile.
+const foldedMovesWait = 100 * time.Millisecond
+
+// Beginner begins transactions: a pool or a connection.
+type Beginner interface {
+	BeginTx(ctx context.Context, opts pgx.TxOptions) (pgx.Tx, error)
+}
+
 // FoldStockEvery folds the stock moves (FoldStock) every interval until
 // ctx ends. Each replica may run it: a fold skips the rows another holds.
-func FoldStockEvery(ctx context.Context, db dbsqlc.DBTX, logger *slog.Logger, interval time.Duration) {
+func FoldStockEvery(ctx context.Context, db Beginner, logger *slog.Logger, interval time.Duration) {
 	for retry.Sleep(ctx, interval) {
 		if _, err := FoldStock(ctx, db); err != nil && ctx.Err() == nil {
 			logger.Warn("fold stock moves", slog.String("error", err.Error()))
@@ -38,22 +50,71 @@ func FoldStockEvery(ctx context.Context, db dbsqlc.DBTX, logger *slog.Logger, in
 // FoldStock folds the moves of every SKU whose stock row no other
 // transaction holds into stock.available, stockFoldBatch SKUs per
 // transaction, and returns how many SKUs it folded. The levels stay as
-// they were. db must not be in a transaction of its own: each batch is one,
-// and there are stockFoldBatches at most.
-func FoldStock(ctx context.Context, db dbsqlc.DBTX) (int, error) {
-	q := dbsqlc.New()
+// they were. Each batch is a READ COMMITTED transaction of its own (a
+// snapshot of an older start could miss a move committed since), and
+// there are stockFoldBatches at most.
+func FoldStock(ctx context.Context, db Beginner) (int, error) {
 	total := 0
 	// A batch that folds as many SKUs as it may leaves more to fold, but
 	// moves written meanwhile may keep it full: stockFoldBatches at most.
 	for range stockFoldBatches {
-		n, err := q.StockFold(ctx, db, stockFoldBatch)
+		var n int
+		err := pgx.BeginTxFunc(ctx, db, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) (err error) {
+			n, err = foldBatch(ctx, tx)
+			return err
+		})
 		if err != nil {
 			return total, err
 		}
-		total += int(n)
+		total += n
 		if n < stockFoldBatch {
 			break
 		}
 	}
 	return total, nil
+}
+
+// foldBatch folds the moves of stockFoldBatch SKUs at most, those with
+// moves to fold whose rows nobody holds, in tx, and returns how many SKUs
+// it folded.
+//
+//   - It locks their stock rows, in SKU order, skipping those another
+//     session holds.
+//   - After the locks, in a statement of its own (every move of these SKUs
+//     is committed, and none can be added until tx ends), it adds each
+//     SKU's unfolded total to stock.available and moves folded_through to
+//     its newest move: the level stays as it was, and the
+//     stock_moves_chain trigger numbers the next move after it.
+//   - It deletes the folded moves, one SKU's range of the primary key at a
+//     time: a delete that read more would read, at every fold, the folded
+//     moves a held snapshot keeps. A move another session has locked is
+//     waited for foldedMovesWait at most (see waitAtMost), then left where
+//     it is, under folded_through, where nothing reads it.
+func foldBatch(ctx context.Context, tx pgx.Tx) (int, error) {
+	q := dbsqlc.New()
+	skus, err := q.StockFoldLock(ctx, tx, stockFoldBatch)
+	if err != nil || len(skus) == 0 {
+		return 0, err
+	}
+	folded, err := q.StockFoldMany(ctx, tx, skus)
+	if err != nil || len(folded) == 0 {
+		return 0, err
+	}
+	deletes := func(query string) func(*pgx.Batch) {
+		return func(b *pgx.Batch) {
+			for _, f := range folded {
+				b.Queue(query, f.Sku, f.Previous, f.Through)
+			}
+		}
+	}
+	lock := deletes(dbsqlc.StockMovesDeleteFolded)
+	then := func(b *pgx.Batch, got bool) {
+		if !got {
+			deletes(dbsqlc.StockMovesDeleteFoldedUnlocked)(b)
+		}
+	}
+	if err := waitAtMost(ctx, tx, foldedMovesWait, lock, then); err != nil {
+		return 0, err
+	}
+	return len(folded), nil
 }

@@ -246,7 +246,7 @@ func (h *Handler) lockStock(ctx context.Context, tx pgx.Tx, ready []message) (ma
 
 // lockOrders locks the rows the batch's cancellations change, their orders'
 // order_confirmations and stock_reservations rows, waiting OrderLockWait at
-// most (see order_lock), and returns blocked with each cancellation added
+// most (see LockOrders), and returns blocked with each cancellation added
 // whose order has a row another session holds: it waits, and the batch goes
 // on.
 func (h *Handler) lockOrders(ctx context.Context, tx pgx.Tx, ready []message, blocked map[int]error) (map[int]error, error) {
@@ -259,9 +259,7 @@ func (h *Handler) lockOrders(ctx context.Context, tx pgx.Tx, ready []message, bl
 	if len(byOrder) == 0 {
 		return blocked, nil
 	}
-	held, err := h.queries.OrderLock(ctx, tx, dbsqlc.OrderLockParams{
-		OrderIds: slices.Sorted(maps.Keys(byOrder)), WaitMs: int32(OrderLockWait.Milliseconds()),
-	})
+	held, err := LockOrders(ctx, tx, slices.Sorted(maps.Keys(byOrder)), OrderLockWait)
 	if err != nil {
 		return nil, fmt.Errorf("lock orders: %w", err)
 	}
@@ -283,8 +281,8 @@ func (h *Handler) lockOrders(ctx context.Context, tx pgx.Tx, ready []message, bl
 // session holding one is outside the service (an operator's open UPDATE)
 // and unlikely to let go within a wait that would hold the rest of the
 // batch; the cancellation waits instead, and is tried again after
-// StockWaitRetry. (A wait of 0 would be none at all: lock_timeout's "no
-// limit".)
+// StockWaitRetry. (A wait of 0 would be none at all: LockOrders then
+// only takes the rows nobody holds.)
 const OrderLockWait = time.Millisecond
 
 // stockNeeds returns, per message index, the SKUs of the stock rows each
@@ -319,71 +317,28 @@ func (h *Handler) stockNeeds(ctx context.Context, tx pgx.Tx, ready []message) (m
 // lockOrFindHeld locks the stock rows of skus and returns the levels of
 // those it locked, and the SKUs of those it could not: rows that exist but
 // another session holds. Rows found held before are only probed, without
-// waiting; the others are waited for StockLockWait at most, in SKU order.
-// Rows it finds held are remembered, and forgotten once a probe gets them.
+// waiting; the others are waited for StockLockWait at most, in SKU order
+// (see LockStock). Rows it finds held are remembered, and forgotten once a
+// probe gets them.
 func (h *Handler) lockOrFindHeld(ctx context.Context, tx pgx.Tx, skus []string) (map[string]int32, map[string]bool, error) {
 	probe, wait := h.heldStock.split(skus)
-	levels, err := h.lockRows(ctx, tx, probe, wait)
-	if err != nil {
-		return nil, nil, err
-	}
-	held, err := h.existingNotGot(ctx, tx, skus, levels)
-	if err != nil {
-		return nil, nil, err
+	levels, held := map[string]int32{}, map[string]bool{}
+	for _, c := range []struct {
+		skus []string
+		wait time.Duration
+	}{{probe, 0}, {wait, StockLockWait}} {
+		if len(c.skus) == 0 {
+			continue
+		}
+		got, notGot, err := LockStock(ctx, tx, c.skus, c.wait)
+		if err != nil {
+			return nil, nil, fmt.Errorf("lock stock: %w", err)
+		}
+		maps.Copy(levels, got)
+		maps.Copy(held, notGot)
 	}
 	h.heldStock.remember(skus, wait, held)
 	return levels, held, nil
-}
-
-// lockRows locks the stock rows of probe without waiting (SKIP LOCKED), and
-// those of wait waiting StockLockWait at most, and returns the levels of
-// the rows it locked.
-func (h *Handler) lockRows(ctx context.Context, tx pgx.Tx, probe, wait []string) (map[string]int32, error) {
-	levels := map[string]int32{}
-	if len(probe) > 0 {
-		rows, err := h.queries.StockLockAvailable(ctx, tx, probe)
-		if err != nil {
-			return nil, fmt.Errorf("lock available stock: %w", err)
-		}
-		for _, r := range rows {
-			levels[r.Sku] = r.Available
-		}
-	}
-	if len(wait) > 0 {
-		rows, err := h.queries.StockLock(ctx, tx, dbsqlc.StockLockParams{Skus: wait, WaitMs: int32(StockLockWait.Milliseconds())})
-		if err != nil {
-			return nil, fmt.Errorf("lock stock: %w", err)
-		}
-		for _, r := range rows {
-			levels[r.Sku] = r.Available
-		}
-	}
-	return levels, nil
-}
-
-// existingNotGot returns which of the skus whose rows were not got (not in
-// levels) exist: those are held by another session. A row not got is held,
-// or not there at all (an unknown SKU, which the order's decision
-// rejects): it reads which, only when there is one.
-func (h *Handler) existingNotGot(ctx context.Context, tx pgx.Tx, skus []string, levels map[string]int32) (map[string]bool, error) {
-	var notGot []string
-	for _, sku := range skus {
-		if _, got := levels[sku]; !got {
-			notGot = append(notGot, sku)
-		}
-	}
-	exists := map[string]bool{}
-	if len(notGot) == 0 {
-		return exists, nil
-	}
-	rows, err := h.queries.StockGetMany(ctx, tx, notGot)
-	if err != nil {
-		return nil, fmt.Errorf("read stock: %w", err)
-	}
-	for _, r := range rows {
-		exists[r.Sku] = true
-	}
-	return exists, nil
 }
 
 // stockLevels are the levels of the stock rows that reserve decides on.

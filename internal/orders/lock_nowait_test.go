@@ -2,19 +2,22 @@ package orders_test
 
 import (
 	"context"
+	"maps"
+	"slices"
 	"testing"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/orderconfirm/inboxd/internal/orders"
 	"github.com/orderconfirm/inboxd/internal/testenv"
 )
 
-// order_lock and stock_lock with wait_ms 0 take what nobody holds and wait
+// LockOrders and LockStock with a wait of 0 take what nobody holds and wait
 // for nothing, whatever the session's lock_timeout (here 0: wait for ever):
 // an owner's open transaction holds an order's confirmation and a stock
 // row, and a session of an operator's asks for both without waiting. It
 // gets the held order named, and the free SKU locked, at once.
-func TestTheLockFunctionsWithoutAWaitWaitForNothing(t *testing.T) {
+func TestTheLocksWithoutAWaitWaitForNothing(t *testing.T) {
 	t.Parallel()
 	db := testenv.NewDB(t)
 	ctx := t.Context()
@@ -40,12 +43,10 @@ func TestTheLockFunctionsWithoutAWaitWaitForNothing(t *testing.T) {
 	otx, err := op.Begin(ctx)
 	require.NoError(t, err)
 	defer func() { _ = otx.Rollback(context.WithoutCancel(ctx)) }()
-	var held []string
-	require.NoError(t, otx.QueryRow(ctx, "SELECT coalesce(array_agg(order_id), '{}') FROM order_lock('{nw-o1}', 0)").Scan(&held),
-		"order_lock with wait_ms 0 waits for nothing")
+	held, err := orders.LockOrders(ctx, otx, []string{"nw-o1"}, 0)
+	require.NoError(t, err, "LockOrders with a wait of 0 waits for nothing")
 	require.Equal(t, []string{"nw-o1"}, held)
-	var locked []string
-	require.NoError(t, otx.QueryRow(ctx, "SELECT coalesce(array_agg(sku ORDER BY sku), '{}') FROM stock_lock('{NW-1,NW-2}', 0)").Scan(&locked),
-		"stock_lock with wait_ms 0 waits for nothing")
-	require.Equal(t, []string{"NW-2"}, locked)
+	locked, _, err := orders.LockStock(ctx, otx, []string{"NW-1", "NW-2"}, 0)
+	require.NoError(t, err, "LockStock with a wait of 0 waits for nothing")
+	require.Equal(t, []string{"NW-2"}, slices.Sorted(maps.Keys(locked)))
 }

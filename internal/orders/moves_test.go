@@ -124,7 +124,7 @@ func TestStockMovesStayExactUnderConcurrentWriters(t *testing.T) {
 	wg.Go(func() {
 		defer close(folds)
 		for taken.Load()+given.Load()+refused.Load() < writers*attempts && !t.Failed() {
-			_, err := b.db.Pool.Exec(t.Context(), "SELECT stock_fold()")
+			_, err := orders.FoldStock(t.Context(), b.db.Pool)
 			require.NoError(t, err)
 		}
 	})
@@ -142,8 +142,8 @@ func TestStockMovesStayExactUnderConcurrentWriters(t *testing.T) {
 
 // stock.available may still be changed directly, by an owner or by an
 // earlier inboxd during a rolling upgrade (which takes from it), but not
-// below what the moves not folded yet leave; a level is set by folding
-// first in the same transaction.
+// below what the moves not folded yet leave; a level is set by folding it
+// in the same update, with the row locked first (docs/operations.md).
 func TestStockAvailableCannotGoBelowTheMoves(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -171,15 +171,24 @@ func TestStockAvailableCannotGoBelowTheMoves(t *testing.T) {
 	require.Equal(t, "0A000", sqlState(err), "its snapshot may miss a move committed since: %v", err)
 
 	err = pgx.BeginFunc(t.Context(), b.db.Pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(t.Context(), "SELECT stock_fold('{OWN-1}')"); err != nil {
+		// The owner's recipe, as docs/operations.md gives it.
+		if _, err := tx.Exec(t.Context(), "SELECT sku FROM stock WHERE sku = 'OWN-1' FOR UPDATE"); err != nil {
 			return err
 		}
-		_, err := tx.Exec(t.Context(), "UPDATE stock SET available = 4, updated_at = now() WHERE sku = 'OWN-1'")
+		if _, err := tx.Exec(t.Context(), `
+			UPDATE stock s SET available = 4, folded_through = l.last_move, updated_at = now()
+			FROM stock_levels l WHERE l.sku = s.sku AND s.sku = 'OWN-1'`); err != nil {
+			return err
+		}
+		_, err := tx.Exec(t.Context(), `
+			DELETE FROM stock_moves m USING stock s
+			WHERE s.sku = 'OWN-1' AND m.sku = s.sku AND m.id <= s.folded_through`)
 		return err
 	})
 	require.NoError(t, err)
 	require.Equal(t, stockRow{version: b.stockRow(t, "OWN-1").version, available: 4, folded: 4}, b.stockRow(t, "OWN-1"),
 		"set after a fold: the level is what was set")
+	require.Zero(t, b.count(t, "SELECT count(*) FROM stock_moves WHERE sku = 'OWN-1'"), "the folded moves are gone")
 }
 
 // A fold does not wait for a move another session has locked (an owner's
@@ -237,3 +246,4 @@ func TestMoveLookUpsStayByIndexAfterAVacuumOfAnEmptyTable(t *testing.T) {
 	require.Zero(t, seqRead()-before, "the moves' look-ups scanned stock_moves")
 	require.Equal(t, 1_000_000-300, b.available(t, "SKU-1"))
 }
+

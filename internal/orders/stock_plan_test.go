@@ -8,23 +8,21 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/orderconfirm/inboxd/internal/dbsqlc"
 	"github.com/orderconfirm/inboxd/internal/orders"
 	"github.com/orderconfirm/inboxd/internal/pipeline"
 	"github.com/orderconfirm/inboxd/internal/testenv"
 )
 
-// The lock functions run statements of their own, which PostgreSQL plans
-// once per session and may keep. Planned while a table is a few pages, for
+// The locks (LockStock, LockOrders) run statements that PostgreSQL may plan
+// once per session and keep. Planned while a table is a few pages, for
 // a batch's many keys, a scan of the table is the cheaper plan; kept, it
 // reads the whole table at every call once the table is large. Tables grow
 // by rows (orders, reservations) and by row versions: a snapshot held open
 // keeps every version of the stock rows, which every order updates. A
 // session that has locked many times while a table was small must still
 // lock through an index once it is large.
-func TestTheLockFunctionsReadAnIndexOnceTheTableHasGrown(t *testing.T) {
+func TestTheLocksReadAnIndexOnceTheTableHasGrown(t *testing.T) {
 	t.Parallel()
-	q := dbsqlc.New()
 	var keys []string
 	for i := range 100 {
 		keys = append(keys, fmt.Sprintf("K-%d", 1+i*10))
@@ -40,7 +38,7 @@ func TestTheLockFunctionsReadAnIndexOnceTheTableHasGrown(t *testing.T) {
 			fill: "INSERT INTO stock (sku, available) SELECT 'K-' || g, 1000000 FROM generate_series(1, 1000) g",
 			grow: "UPDATE stock SET available = available - 1, updated_at = now()",
 			lock: func(ctx context.Context, tx pgx.Tx) error {
-				rows, err := q.StockLock(ctx, tx, dbsqlc.StockLockParams{Skus: keys, WaitMs: int32(orders.StockLockWait.Milliseconds())})
+				rows, _, err := orders.LockStock(ctx, tx, keys, orders.StockLockWait)
 				if err == nil && len(rows) != len(keys) {
 					err = fmt.Errorf("locked %d stock rows of %d", len(rows), len(keys))
 				}
@@ -54,7 +52,7 @@ func TestTheLockFunctionsReadAnIndexOnceTheTableHasGrown(t *testing.T) {
 			grow: `INSERT INTO order_confirmations (order_id, status, message_id)
 			       SELECT 'G-' || g || '-' || random(), 'confirmed', 'g-' || g || '-' || random() FROM generate_series(1, 1000) g`,
 			lock: func(ctx context.Context, tx pgx.Tx) error {
-				held, err := q.OrderLock(ctx, tx, dbsqlc.OrderLockParams{OrderIds: keys, WaitMs: int32(orders.OrderLockWait.Milliseconds())})
+				held, err := orders.LockOrders(ctx, tx, keys, orders.OrderLockWait)
 				if err == nil && len(held) > 0 {
 					err = fmt.Errorf("orders held by another session: %v", held)
 				}
