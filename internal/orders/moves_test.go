@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/orderconfirm/inboxd/internal/orders"
+	"github.com/orderconfirm/inboxd/internal/pipeline"
 	"github.com/orderconfirm/inboxd/internal/testenv"
 )
 
@@ -247,3 +248,57 @@ func TestMoveLookUpsStayByIndexAfterAVacuumOfAnEmptyTable(t *testing.T) {
 	require.Equal(t, 1_000_000-300, b.available(t, "SKU-1"))
 }
 
+// A fold reads the moves it folds, not the folded moves a held snapshot
+// keeps: each fold deletes its moves, but while the snapshot is open their
+// index entries stay, and a statement that read past them would read more
+// at every fold. With the plans a pool's session keeps (pipeline.KeepPlans),
+// made while stock_moves was small, a fold of 5 moves reads about 5
+// entries once 3,000 folded moves are kept. Counted, not timed: entries
+// returned by scans of stock_moves' indexes, and its sequential scans.
+func TestAFoldUnderAHeldSnapshotReadsTheMovesItFolds(t *testing.T) {
+	t.Parallel()
+	b := setupIn(t, testenv.NewDBAlone(t))
+	ctx := t.Context()
+	// A session as a KeepPlans pool's: statements prepared, plans kept.
+	conn := b.db.SessionWith(t, func(cc *pgx.ConnConfig) {
+		pipeline.ConfigureSession(cc)
+		cc.DefaultQueryExecMode = pgx.QueryExecModeCacheStatement
+	})
+	move := func(n int) {
+		_, err := conn.Exec(ctx, "INSERT INTO stock_moves (sku, quantity) SELECT 'SKU-1', -1 FROM generate_series(1, $1)", n)
+		require.NoError(t, err)
+	}
+	fold := func() {
+		n, err := orders.FoldStock(ctx, conn)
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+	}
+	for range 10 { // plans made while stock_moves is small
+		move(1)
+		fold()
+	}
+	b.db.HoldSnapshot(t)
+	for range 3 {
+		move(1000)
+		fold()
+	}
+	move(5)
+
+	reads := func() (entries, scans int) {
+		entries = testenv.SessionStat(t, conn, `
+			SELECT coalesce(sum(idx_tup_read), 0)::int FROM pg_stat_user_indexes
+			WHERE schemaname = current_schema() AND relname = 'stock_moves'`)
+		scans = testenv.SessionStat(t, conn, `
+			SELECT coalesce(seq_scan, 0)::int FROM pg_stat_user_tables
+			WHERE schemaname = current_schema() AND relname = 'stock_moves'`)
+		return entries, scans
+	}
+	entries, scans := reads()
+	fold()
+	entriesAfter, scansAfter := reads()
+	t.Logf("a fold of 5 moves with 3,000 folded moves kept: %d index entries, %d sequential scans", entriesAfter-entries, scansAfter-scans)
+	require.Less(t, entriesAfter-entries, 50, "index entries of stock_moves read by a fold of 5 moves")
+	require.Zero(t, scansAfter-scans, "sequential scans of stock_moves by a fold")
+	require.Equal(t, 1_000_000-3015, b.available(t, "SKU-1"))
+	require.Zero(t, b.count(t, "SELECT count(*) FROM stock_moves"), "folded moves are gone")
+}
