@@ -84,7 +84,7 @@ func TestMakeVerifyCatchesStaleGeneratedCode(t *testing.T) {
 	t.Run("QueryChanged", func(t *testing.T) {
 		t.Parallel()
 		dir := copyRepo(t)
-		replaceIn(t, filepath.Join(dir, "queries", "inbox.sql"), "false AS another_user FROM stored", "false AS from_another_user FROM stored")
+		replaceIn(t, filepath.Join(dir, "queries", "inbox.sql"), "false AS another_user, 0::bigint AS request_id FROM stored", "false AS from_another_user, 0::bigint AS request_id FROM stored")
 		out, err := makeVerify(t, dir, sqlc)
 		require.Error(t, err, "make verify passed with a stale query:\n%s", out)
 	})
