@@ -15,12 +15,16 @@ LISTEN inbox_pending;
 -- (OutboxInsertMany, and the replies of InboxReplyAnswer).
 LISTEN outbox_pending;
 
--- name: SessionLockTimeout :one
--- SessionLockTimeout returns the session's lock_timeout as it stands in
--- the transaction.
-SELECT current_setting('lock_timeout')::text AS lock_timeout;
+-- name: SessionLockTimeoutPush :exec
+-- SessionLockTimeoutPush sets lock_timeout until the transaction ends, or
+-- until the savepoint it is set under is rolled back, and keeps the value
+-- it replaces (in inboxd.lock_timeout_before) for SessionLockTimeoutPop:
+-- so a statement sent in the same round trip, before the replaced value
+-- could be read back, can set it again.
+SELECT set_config('inboxd.lock_timeout_before', current_setting('lock_timeout'), true),
+       set_config('lock_timeout', @lock_timeout::text, true);
 
--- name: SessionSetLockTimeoutLocal :exec
--- SessionSetLockTimeoutLocal sets lock_timeout until the transaction ends,
--- or until the savepoint it is set under is rolled back.
-SELECT set_config('lock_timeout', @lock_timeout::text, true);
+-- name: SessionLockTimeoutPop :exec
+-- SessionLockTimeoutPop sets lock_timeout back to the value the last
+-- SessionLockTimeoutPush replaced, until the transaction ends.
+SELECT set_config('lock_timeout', current_setting('inboxd.lock_timeout_before'), true);

@@ -46,26 +46,28 @@ func (q *Queries) SessionListenOutboxPending(ctx context.Context, db DBTX) error
 	return err
 }
 
-const SessionLockTimeout = `-- name: SessionLockTimeout :one
-SELECT current_setting('lock_timeout')::text AS lock_timeout
+const SessionLockTimeoutPop = `-- name: SessionLockTimeoutPop :exec
+SELECT set_config('lock_timeout', current_setting('inboxd.lock_timeout_before'), true)
 `
 
-// SessionLockTimeout returns the session's lock_timeout as it stands in
-// the transaction.
-func (q *Queries) SessionLockTimeout(ctx context.Context, db DBTX) (string, error) {
-	row := db.QueryRow(ctx, SessionLockTimeout)
-	var lock_timeout string
-	err := row.Scan(&lock_timeout)
-	return lock_timeout, err
+// SessionLockTimeoutPop sets lock_timeout back to the value the last
+// SessionLockTimeoutPush replaced, until the transaction ends.
+func (q *Queries) SessionLockTimeoutPop(ctx context.Context, db DBTX) error {
+	_, err := db.Exec(ctx, SessionLockTimeoutPop)
+	return err
 }
 
-const SessionSetLockTimeoutLocal = `-- name: SessionSetLockTimeoutLocal :exec
-SELECT set_config('lock_timeout', $1::text, true)
+const SessionLockTimeoutPush = `-- name: SessionLockTimeoutPush :exec
+SELECT set_config('inboxd.lock_timeout_before', current_setting('lock_timeout'), true),
+       set_config('lock_timeout', $1::text, true)
 `
 
-// SessionSetLockTimeoutLocal sets lock_timeout until the transaction ends,
-// or until the savepoint it is set under is rolled back.
-func (q *Queries) SessionSetLockTimeoutLocal(ctx context.Context, db DBTX, lockTimeout string) error {
-	_, err := db.Exec(ctx, SessionSetLockTimeoutLocal, lockTimeout)
+// SessionLockTimeoutPush sets lock_timeout until the transaction ends, or
+// until the savepoint it is set under is rolled back, and keeps the value
+// it replaces (in inboxd.lock_timeout_before) for SessionLockTimeoutPop:
+// so a statement sent in the same round trip, before the replaced value
+// could be read back, can set it again.
+func (q *Queries) SessionLockTimeoutPush(ctx context.Context, db DBTX, lockTimeout string) error {
+	_, err := db.Exec(ctx, SessionLockTimeoutPush, lockTimeout)
 	return err
 }

@@ -28,46 +28,42 @@ const (
 // wait, in a savepoint; then the statements then queues run, told whether
 // lock's locks were all taken (got).
 //
-//   - With wait > 0, one round trip sends the caller's lock_timeout read,
-//     the savepoint, lock_timeout set to wait, and lock's statements. If
-//     they succeed, a second round trip sets the caller's lock_timeout back,
-//     releases the savepoint and sends then's statements (got true). If a
-//     lock wait runs out (SQLSTATE 55P03), the savepoint is rolled back (the
+//   - With wait > 0, one round trip sends the savepoint, lock_timeout set
+//     to wait (the caller's kept aside), lock's statements, the caller's
+//     lock_timeout set back, the savepoint's release and then's statements
+//     (got true): the locks are held while the statements that follow
+//     them run, so the path where no row is held by another session costs
+//     a single round trip. If a lock wait runs out (SQLSTATE 55P03), the
+//     statements after it do not run; the savepoint is rolled back (the
 //     locks lock took, and lock_timeout with them) and released in a round
 //     trip of its own (pgx prepares a batch's new statements before it
 //     sends them, which an aborted transaction refuses), then then's
-//     statements are sent (got false).
+//     statements are sent again (got false).
 //   - With wait 0, nothing is waited for (a lock_timeout of 0 would wait for
 //     ever): then's statements run alone (got false), in one round trip.
 //
 // Any other error is returned as it is: tx is then aborted, as it would be
 // by a failed statement.
 func waitAtMost(ctx context.Context, tx pgx.Tx, wait time.Duration, lock func(*pgx.Batch), then func(b *pgx.Batch, got bool)) error {
-	b := &pgx.Batch{}
-	got := false
 	if wait > 0 {
-		var previous string
-		b.Queue(dbsqlc.SessionLockTimeout).QueryRow(func(row pgx.Row) error { return row.Scan(&previous) })
+		b := &pgx.Batch{}
 		b.Queue(lockWaitSavepoint)
 		// At least a millisecond: 0 would be no limit.
-		b.Queue(dbsqlc.SessionSetLockTimeoutLocal, strconv.FormatInt(max(wait.Milliseconds(), 1), 10))
+		b.Queue(dbsqlc.SessionLockTimeoutPush, strconv.FormatInt(max(wait.Milliseconds(), 1), 10))
 		lock(b)
+		b.Queue(dbsqlc.SessionLockTimeoutPop)
+		b.Queue(lockWaitRelease)
+		then(b, true)
 		err := tx.SendBatch(ctx, b).Close()
-		b = &pgx.Batch{}
-		switch {
-		case err == nil:
-			got = true
-			b.Queue(dbsqlc.SessionSetLockTimeoutLocal, previous)
-			b.Queue(lockWaitRelease)
-		case inbox.IsLockNotAvailable(err):
-			if _, err := tx.Exec(ctx, lockWaitUndo); err != nil {
-				return err
-			}
-		default:
+		if !inbox.IsLockNotAvailable(err) {
+			return err
+		}
+		if _, err := tx.Exec(ctx, lockWaitUndo); err != nil {
 			return err
 		}
 	}
-	then(b, got)
+	b := &pgx.Batch{}
+	then(b, false)
 	if b.Len() == 0 {
 		return nil
 	}
