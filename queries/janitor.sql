@@ -4,7 +4,9 @@
 -- retention, oldest first. SKIP LOCKED keeps them off rows in use and lets
 -- several janitors run at once, each taking different rows. The statuses
 -- are literals, not parameters, so that the planner can use the partial
--- indexes whatever plan it caches.
+-- indexes whatever plan it caches. Each reads the clock as now, or
+-- as now() when now is NULL (the service passes none; a test sets it
+-- forward instead of backdating rows).
 
 -- name: JanitorDeleteProcessed :one
 -- JanitorDeleteProcessed deletes up to max_rows processed messages
@@ -15,7 +17,7 @@ WITH gone AS (
     WHERE id IN (
         SELECT id FROM inbox
         WHERE status = 'processed'
-          AND processed_at < now() - make_interval(secs => sqlc.arg(older_than_seconds)::float8)
+          AND processed_at < coalesce(sqlc.narg('now')::timestamptz, now()) - make_interval(secs => sqlc.arg(older_than_seconds)::float8)
         ORDER BY processed_at
         LIMIT sqlc.arg(max_rows)
         FOR UPDATE SKIP LOCKED
@@ -40,7 +42,7 @@ WITH gone AS (
         SELECT d.id FROM inbox d
         WHERE d.status = 'dead'
           AND NOT d.replay_requested
-          AND d.processed_at < now() - make_interval(secs => sqlc.arg(older_than_seconds)::float8)
+          AND d.processed_at < coalesce(sqlc.narg('now')::timestamptz, now()) - make_interval(secs => sqlc.arg(older_than_seconds)::float8)
           AND (d.order_key IS NULL OR NOT EXISTS (
               SELECT 1 FROM inbox l
               WHERE l.order_key = d.order_key AND l.id > d.id AND l.status <> 'processed'
@@ -63,7 +65,7 @@ SELECT count(*) FROM gone;
 DELETE FROM outbox
 WHERE id IN (
     SELECT id FROM outbox
-    WHERE published_at < now() - make_interval(secs => sqlc.arg(older_than_seconds)::float8)
+    WHERE published_at < coalesce(sqlc.narg('now')::timestamptz, now()) - make_interval(secs => sqlc.arg(older_than_seconds)::float8)
     ORDER BY published_at
     LIMIT sqlc.arg(max_rows)
     FOR UPDATE SKIP LOCKED
@@ -80,7 +82,7 @@ WHERE id IN (
     SELECT id FROM outbox
     WHERE published_at IS NULL
       AND reply_to IS NOT NULL
-      AND dead_at < now() - make_interval(secs => sqlc.arg(older_than_seconds)::float8)
+      AND dead_at < coalesce(sqlc.narg('now')::timestamptz, now()) - make_interval(secs => sqlc.arg(older_than_seconds)::float8)
     ORDER BY dead_at
     LIMIT sqlc.arg(max_rows)
     FOR UPDATE SKIP LOCKED
@@ -93,7 +95,7 @@ WHERE id IN (
 DELETE FROM inbox_reply_requests
 WHERE id IN (
     SELECT id FROM inbox_reply_requests
-    WHERE received_at < now() - make_interval(secs => sqlc.arg(older_than_seconds)::float8)
+    WHERE received_at < coalesce(sqlc.narg('now')::timestamptz, now()) - make_interval(secs => sqlc.arg(older_than_seconds)::float8)
     ORDER BY received_at
     LIMIT sqlc.arg(max_rows)
     FOR UPDATE SKIP LOCKED
@@ -105,7 +107,7 @@ WHERE id IN (
 DELETE FROM inbox_conflicts
 WHERE id IN (
     SELECT id FROM inbox_conflicts
-    WHERE last_seen_at < now() - make_interval(secs => sqlc.arg(older_than_seconds)::float8)
+    WHERE last_seen_at < coalesce(sqlc.narg('now')::timestamptz, now()) - make_interval(secs => sqlc.arg(older_than_seconds)::float8)
     ORDER BY last_seen_at
     LIMIT sqlc.arg(max_rows)
     FOR UPDATE SKIP LOCKED
@@ -243,6 +245,6 @@ SELECT inbox_keys_analyze_parts()::integer AS analyzed;
 -- every id stored within the last dedupe window: it started at least that
 -- long ago. Until then, rows stored before it are the only record of
 -- their ids, and stay for the window. It started when its first generation
--- opened (read by the primary key).
+-- opened (read by the primary key). The clock is now, or now() when NULL.
 SELECT coalesce((SELECT g.opened_at FROM inbox_key_generations g ORDER BY g.generation LIMIT 1)
-                <= now() - make_interval(secs => sqlc.arg(dedupe_window_seconds)::float8), false)::boolean AS covered;
+                <= coalesce(sqlc.narg('now')::timestamptz, now()) - make_interval(secs => sqlc.arg(dedupe_window_seconds)::float8), false)::boolean AS covered;

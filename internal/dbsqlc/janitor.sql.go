@@ -7,6 +7,7 @@ package dbsqlc
 
 import (
 	"context"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgtype"
 )
@@ -29,14 +30,15 @@ const JanitorDeleteConflicts = `-- name: JanitorDeleteConflicts :execrows
 DELETE FROM inbox_conflicts
 WHERE id IN (
     SELECT id FROM inbox_conflicts
-    WHERE last_seen_at < now() - make_interval(secs => $1::float8)
+    WHERE last_seen_at < coalesce($1::timestamptz, now()) - make_interval(secs => $2::float8)
     ORDER BY last_seen_at
-    LIMIT $2
+    LIMIT $3
     FOR UPDATE SKIP LOCKED
 )
 `
 
 type JanitorDeleteConflictsParams struct {
+	Now              *time.Time
 	OlderThanSeconds float64
 	MaxRows          int32
 }
@@ -44,7 +46,7 @@ type JanitorDeleteConflictsParams struct {
 // JanitorDeleteConflicts deletes up to max_rows conflict records last seen
 // more than older_than_seconds ago.
 func (q *Queries) JanitorDeleteConflicts(ctx context.Context, db DBTX, arg JanitorDeleteConflictsParams) (int64, error) {
-	result, err := db.Exec(ctx, JanitorDeleteConflicts, arg.OlderThanSeconds, arg.MaxRows)
+	result, err := db.Exec(ctx, JanitorDeleteConflicts, arg.Now, arg.OlderThanSeconds, arg.MaxRows)
 	if err != nil {
 		return 0, err
 	}
@@ -58,13 +60,13 @@ WITH gone AS (
         SELECT d.id FROM inbox d
         WHERE d.status = 'dead'
           AND NOT d.replay_requested
-          AND d.processed_at < now() - make_interval(secs => $1::float8)
+          AND d.processed_at < coalesce($1::timestamptz, now()) - make_interval(secs => $2::float8)
           AND (d.order_key IS NULL OR NOT EXISTS (
               SELECT 1 FROM inbox l
               WHERE l.order_key = d.order_key AND l.id > d.id AND l.status <> 'processed'
           ))
         ORDER BY d.id
-        LIMIT $2
+        LIMIT $3
         FOR UPDATE SKIP LOCKED
     )
     RETURNING id, message_id
@@ -77,6 +79,7 @@ SELECT count(*) FROM gone
 `
 
 type JanitorDeleteDeadParams struct {
+	Now              *time.Time
 	OlderThanSeconds float64
 	MaxRows          int32
 }
@@ -87,7 +90,7 @@ type JanitorDeleteDeadParams struct {
 // message that holds back later messages of its order is kept: deleting it
 // would let them run out of order; an operator replays or skips it.
 func (q *Queries) JanitorDeleteDead(ctx context.Context, db DBTX, arg JanitorDeleteDeadParams) (int64, error) {
-	row := db.QueryRow(ctx, JanitorDeleteDead, arg.OlderThanSeconds, arg.MaxRows)
+	row := db.QueryRow(ctx, JanitorDeleteDead, arg.Now, arg.OlderThanSeconds, arg.MaxRows)
 	var count int64
 	err := row.Scan(&count)
 	return count, err
@@ -101,9 +104,9 @@ WITH gone AS (
     WHERE id IN (
         SELECT id FROM inbox
         WHERE status = 'processed'
-          AND processed_at < now() - make_interval(secs => $1::float8)
+          AND processed_at < coalesce($1::timestamptz, now()) - make_interval(secs => $2::float8)
         ORDER BY processed_at
-        LIMIT $2
+        LIMIT $3
         FOR UPDATE SKIP LOCKED
     )
     RETURNING id, message_id
@@ -116,6 +119,7 @@ SELECT count(*) FROM gone
 `
 
 type JanitorDeleteProcessedParams struct {
+	Now              *time.Time
 	OlderThanSeconds float64
 	MaxRows          int32
 }
@@ -125,12 +129,14 @@ type JanitorDeleteProcessedParams struct {
 // retention, oldest first. SKIP LOCKED keeps them off rows in use and lets
 // several janitors run at once, each taking different rows. The statuses
 // are literals, not parameters, so that the planner can use the partial
-// indexes whatever plan it caches.
+// indexes whatever plan it caches. Each reads the clock as now, or
+// as now() when now is NULL (the service passes none; a test sets it
+// forward instead of backdating rows).
 // JanitorDeleteProcessed deletes up to max_rows processed messages
 // processed more than older_than_seconds ago, with their attempt history,
 // and returns how many messages it deleted.
 func (q *Queries) JanitorDeleteProcessed(ctx context.Context, db DBTX, arg JanitorDeleteProcessedParams) (int64, error) {
-	row := db.QueryRow(ctx, JanitorDeleteProcessed, arg.OlderThanSeconds, arg.MaxRows)
+	row := db.QueryRow(ctx, JanitorDeleteProcessed, arg.Now, arg.OlderThanSeconds, arg.MaxRows)
 	var count int64
 	err := row.Scan(&count)
 	return count, err
@@ -140,14 +146,15 @@ const JanitorDeletePublished = `-- name: JanitorDeletePublished :execrows
 DELETE FROM outbox
 WHERE id IN (
     SELECT id FROM outbox
-    WHERE published_at < now() - make_interval(secs => $1::float8)
+    WHERE published_at < coalesce($1::timestamptz, now()) - make_interval(secs => $2::float8)
     ORDER BY published_at
-    LIMIT $2
+    LIMIT $3
     FOR UPDATE SKIP LOCKED
 )
 `
 
 type JanitorDeletePublishedParams struct {
+	Now              *time.Time
 	OlderThanSeconds float64
 	MaxRows          int32
 }
@@ -155,7 +162,7 @@ type JanitorDeletePublishedParams struct {
 // JanitorDeletePublished deletes up to max_rows outbox rows published more
 // than older_than_seconds ago.
 func (q *Queries) JanitorDeletePublished(ctx context.Context, db DBTX, arg JanitorDeletePublishedParams) (int64, error) {
-	result, err := db.Exec(ctx, JanitorDeletePublished, arg.OlderThanSeconds, arg.MaxRows)
+	result, err := db.Exec(ctx, JanitorDeletePublished, arg.Now, arg.OlderThanSeconds, arg.MaxRows)
 	if err != nil {
 		return 0, err
 	}
@@ -166,14 +173,15 @@ const JanitorDeleteReplyRequests = `-- name: JanitorDeleteReplyRequests :execrow
 DELETE FROM inbox_reply_requests
 WHERE id IN (
     SELECT id FROM inbox_reply_requests
-    WHERE received_at < now() - make_interval(secs => $1::float8)
+    WHERE received_at < coalesce($1::timestamptz, now()) - make_interval(secs => $2::float8)
     ORDER BY received_at
-    LIMIT $2
+    LIMIT $3
     FOR UPDATE SKIP LOCKED
 )
 `
 
 type JanitorDeleteReplyRequestsParams struct {
+	Now              *time.Time
 	OlderThanSeconds float64
 	MaxRows          int32
 }
@@ -182,7 +190,7 @@ type JanitorDeleteReplyRequestsParams struct {
 // more than older_than_seconds ago. Requests leave with their message; this
 // catches one stored for a message that the janitor was deleting meanwhile.
 func (q *Queries) JanitorDeleteReplyRequests(ctx context.Context, db DBTX, arg JanitorDeleteReplyRequestsParams) (int64, error) {
-	result, err := db.Exec(ctx, JanitorDeleteReplyRequests, arg.OlderThanSeconds, arg.MaxRows)
+	result, err := db.Exec(ctx, JanitorDeleteReplyRequests, arg.Now, arg.OlderThanSeconds, arg.MaxRows)
 	if err != nil {
 		return 0, err
 	}
@@ -195,14 +203,15 @@ WHERE id IN (
     SELECT id FROM outbox
     WHERE published_at IS NULL
       AND reply_to IS NOT NULL
-      AND dead_at < now() - make_interval(secs => $1::float8)
+      AND dead_at < coalesce($1::timestamptz, now()) - make_interval(secs => $2::float8)
     ORDER BY dead_at
-    LIMIT $2
+    LIMIT $3
     FOR UPDATE SKIP LOCKED
 )
 `
 
 type JanitorDeleteUndeliverableParams struct {
+	Now              *time.Time
 	OlderThanSeconds float64
 	MaxRows          int32
 }
@@ -213,7 +222,7 @@ type JanitorDeleteUndeliverableParams struct {
 // Oldest end first, in outbox_dead_at_idx's order: the pass reads the dead
 // rows' entries and no others (see outbox_dead_at_idx).
 func (q *Queries) JanitorDeleteUndeliverable(ctx context.Context, db DBTX, arg JanitorDeleteUndeliverableParams) (int64, error) {
-	result, err := db.Exec(ctx, JanitorDeleteUndeliverable, arg.OlderThanSeconds, arg.MaxRows)
+	result, err := db.Exec(ctx, JanitorDeleteUndeliverable, arg.Now, arg.OlderThanSeconds, arg.MaxRows)
 	if err != nil {
 		return 0, err
 	}
@@ -237,16 +246,21 @@ func (q *Queries) JanitorKeysClose(ctx context.Context, db DBTX, generation int6
 
 const JanitorKeysCoverWindow = `-- name: JanitorKeysCoverWindow :one
 SELECT coalesce((SELECT g.opened_at FROM inbox_key_generations g ORDER BY g.generation LIMIT 1)
-                <= now() - make_interval(secs => $1::float8), false)::boolean AS covered
+                <= coalesce($1::timestamptz, now()) - make_interval(secs => $2::float8), false)::boolean AS covered
 `
+
+type JanitorKeysCoverWindowParams struct {
+	Now                 *time.Time
+	DedupeWindowSeconds float64
+}
 
 // JanitorKeysCoverWindow reports whether the key ledger has remembered
 // every id stored within the last dedupe window: it started at least that
 // long ago. Until then, rows stored before it are the only record of
 // their ids, and stay for the window. It started when its first generation
-// opened (read by the primary key).
-func (q *Queries) JanitorKeysCoverWindow(ctx context.Context, db DBTX, dedupeWindowSeconds float64) (bool, error) {
-	row := db.QueryRow(ctx, JanitorKeysCoverWindow, dedupeWindowSeconds)
+// opened (read by the primary key). The clock is now, or now() when NULL.
+func (q *Queries) JanitorKeysCoverWindow(ctx context.Context, db DBTX, arg JanitorKeysCoverWindowParams) (bool, error) {
+	row := db.QueryRow(ctx, JanitorKeysCoverWindow, arg.Now, arg.DedupeWindowSeconds)
 	var covered bool
 	err := row.Scan(&covered)
 	return covered, err

@@ -80,6 +80,12 @@ type Config struct {
 	// Observe, when set, is told how many rows of each kind each batch
 	// deleted, and how long the batch took. It must not block.
 	Observe func(rows string, n int, took time.Duration)
+	// Now, when set, is the clock the retentions and the key ledger's
+	// window check are measured against, read once per cleanup; tests set
+	// it forward instead of backdating rows. Nil, as the service leaves
+	// it, means the database's clock (now()). The ledger's rotations and
+	// seals always read the database's clock.
+	Now func() time.Time
 }
 
 func (c *Config) withDefaults() (*Config, error) {
@@ -242,6 +248,12 @@ func (j *Janitor) tendHotParts(ctx context.Context) error {
 // locks were not free at once) is logged and tried again the next time.
 func (j *Janitor) RunOnce(ctx context.Context) (Result, error) {
 	window := j.cfg.DedupeWindow.Seconds()
+	// The cleanup's clock: nil, the database's.
+	var now *time.Time
+	if j.cfg.Now != nil {
+		t := j.cfg.Now()
+		now = &t
+	}
 	if err := j.tendHotParts(ctx); err != nil {
 		return Result{}, err
 	}
@@ -268,7 +280,7 @@ func (j *Janitor) RunOnce(ctx context.Context) (Result, error) {
 	retention, dead := j.cfg.Retention.Seconds(), j.cfg.DeadRetention.Seconds()
 	// Rows stored before the ledger started are the only record of their
 	// ids: they stay for the window, until the ledger has covered one.
-	covered, err := j.queries.JanitorKeysCoverWindow(ctx, j.pool, window)
+	covered, err := j.queries.JanitorKeysCoverWindow(ctx, j.pool, dbsqlc.JanitorKeysCoverWindowParams{Now: now, DedupeWindowSeconds: window})
 	if err != nil {
 		return Result{}, fmt.Errorf("read the key ledger's start: %w", err)
 	}
@@ -281,22 +293,22 @@ func (j *Janitor) RunOnce(ctx context.Context) (Result, error) {
 		delete func(context.Context) (int64, error)
 	}{
 		{RowsProcessed, func(ctx context.Context) (int64, error) {
-			return j.queries.JanitorDeleteProcessed(ctx, j.pool, dbsqlc.JanitorDeleteProcessedParams{OlderThanSeconds: retention, MaxRows: limit})
+			return j.queries.JanitorDeleteProcessed(ctx, j.pool, dbsqlc.JanitorDeleteProcessedParams{Now: now, OlderThanSeconds: retention, MaxRows: limit})
 		}},
 		{RowsDead, func(ctx context.Context) (int64, error) {
-			return j.queries.JanitorDeleteDead(ctx, j.pool, dbsqlc.JanitorDeleteDeadParams{OlderThanSeconds: dead, MaxRows: limit})
+			return j.queries.JanitorDeleteDead(ctx, j.pool, dbsqlc.JanitorDeleteDeadParams{Now: now, OlderThanSeconds: dead, MaxRows: limit})
 		}},
 		{RowsPublished, func(ctx context.Context) (int64, error) {
-			return j.queries.JanitorDeletePublished(ctx, j.pool, dbsqlc.JanitorDeletePublishedParams{OlderThanSeconds: retention, MaxRows: limit})
+			return j.queries.JanitorDeletePublished(ctx, j.pool, dbsqlc.JanitorDeletePublishedParams{Now: now, OlderThanSeconds: retention, MaxRows: limit})
 		}},
 		{RowsConflicts, func(ctx context.Context) (int64, error) {
-			return j.queries.JanitorDeleteConflicts(ctx, j.pool, dbsqlc.JanitorDeleteConflictsParams{OlderThanSeconds: retention, MaxRows: limit})
+			return j.queries.JanitorDeleteConflicts(ctx, j.pool, dbsqlc.JanitorDeleteConflictsParams{Now: now, OlderThanSeconds: retention, MaxRows: limit})
 		}},
 		{RowsUndeliverable, func(ctx context.Context) (int64, error) {
-			return j.queries.JanitorDeleteUndeliverable(ctx, j.pool, dbsqlc.JanitorDeleteUndeliverableParams{OlderThanSeconds: dead, MaxRows: limit})
+			return j.queries.JanitorDeleteUndeliverable(ctx, j.pool, dbsqlc.JanitorDeleteUndeliverableParams{Now: now, OlderThanSeconds: dead, MaxRows: limit})
 		}},
 		{RowsReplyRequests, func(ctx context.Context) (int64, error) {
-			return j.queries.JanitorDeleteReplyRequests(ctx, j.pool, dbsqlc.JanitorDeleteReplyRequestsParams{OlderThanSeconds: dead, MaxRows: limit})
+			return j.queries.JanitorDeleteReplyRequests(ctx, j.pool, dbsqlc.JanitorDeleteReplyRequestsParams{Now: now, OlderThanSeconds: dead, MaxRows: limit})
 		}},
 	}
 	res := Result{}

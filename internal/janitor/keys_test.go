@@ -54,6 +54,11 @@ func storeOrFail(ctx context.Context, db dbsqlc.DBTX, ids ...string) ([]string, 
 	return ids, err
 }
 
+// ahead is a janitor clock d ahead of the real one.
+func ahead(d time.Duration) func() time.Time {
+	return func() time.Time { return time.Now().Add(d) }
+}
+
 // requireSQLState requires err to be PostgreSQL's, with SQLSTATE code, and
 // returns it.
 func requireSQLState(t *testing.T, err error, code, msg string) *pgconn.PgError {
@@ -75,11 +80,13 @@ func TestAnIdIsADuplicateAfterItsRowLeft(t *testing.T) {
 	t.Parallel()
 	db := testenv.NewDB(t)
 	const window = 84 * time.Hour
-	ageLedger(t, db.Pool, window+time.Hour) // the ledger has covered a window
 
 	require.Equal(t, []string{"m-1"}, store(t, db.Pool, "m-1"))
-	exec(t, db.Pool, "UPDATE inbox SET status = 'processed', processed_at = now() - interval '48 hours'")
-	res, err := newJanitor(t, db.Pool, janitor.Config{Retention: 24 * time.Hour, DeadRetention: 24 * time.Hour, DedupeWindow: window}).RunOnce(t.Context())
+	exec(t, db.Pool, "UPDATE inbox SET status = 'processed', processed_at = now()")
+	// A window and an hour later: the ledger has covered a window, the row
+	// is past its retention.
+	res, err := newJanitor(t, db.Pool, janitor.Config{Retention: 24 * time.Hour, DeadRetention: 24 * time.Hour, DedupeWindow: window,
+		Now: ahead(window + time.Hour)}).RunOnce(t.Context())
 	require.NoError(t, err)
 	require.EqualValues(t, 1, res[janitor.RowsProcessed], "the row left after INBOX_RETENTION")
 	require.Zero(t, db.Int(t, "SELECT count(*) FROM inbox"))
@@ -127,10 +134,10 @@ func TestACopyOfAForgottenMessageIsAnsweredSo(t *testing.T) {
 	t.Parallel()
 	db := testenv.NewDB(t)
 	ctx := t.Context()
-	ageLedger(t, db.Pool, 85*time.Hour)
 	require.Equal(t, []string{"m-1"}, store(t, db.Pool, "m-1"))
-	exec(t, db.Pool, "UPDATE inbox SET status = 'processed', processed_at = now() - interval '48 hours'")
-	_, err := newJanitor(t, db.Pool, janitor.Config{Retention: 24 * time.Hour, DeadRetention: 24 * time.Hour}).RunOnce(ctx)
+	exec(t, db.Pool, "UPDATE inbox SET status = 'processed', processed_at = now()")
+	// 85 hours later: past the default window and the retention.
+	_, err := newJanitor(t, db.Pool, janitor.Config{Retention: 24 * time.Hour, DeadRetention: 24 * time.Hour, Now: ahead(85 * time.Hour)}).RunOnce(ctx)
 	require.NoError(t, err)
 	require.Zero(t, db.Int(t, "SELECT count(*) FROM inbox"))
 
@@ -177,16 +184,18 @@ func TestRowsStayForTheWindowUntilTheLedgerCoversIt(t *testing.T) {
 	t.Parallel()
 	db := testenv.NewDB(t)
 	const window = 84 * time.Hour
-	seedMessage(t, db.Pool, "before-the-ledger", "processed", 48*time.Hour)
+	seedMessage(t, db.Pool, "before-the-ledger", "processed", 0)
 	exec(t, db.Pool, "TRUNCATE inbox_keys") // stored before the ledger started
-	j := newJanitor(t, db.Pool, janitor.Config{Retention: 24 * time.Hour, DeadRetention: 24 * time.Hour, DedupeWindow: window})
+	later := 48 * time.Hour                 // past the retention, within the window
+	j := newJanitor(t, db.Pool, janitor.Config{Retention: 24 * time.Hour, DeadRetention: 24 * time.Hour, DedupeWindow: window,
+		Now: func() time.Time { return time.Now().Add(later) }})
 
 	res, err := j.RunOnce(t.Context())
 	require.NoError(t, err)
 	require.Zero(t, res[janitor.RowsProcessed], "kept: the ledger started less than a window ago")
 	require.Empty(t, store(t, db.Pool, "before-the-ledger"), "its row still makes a redelivery a duplicate")
 
-	ageLedger(t, db.Pool, window)
+	later = window // the ledger has covered it
 	res, err = j.RunOnce(t.Context())
 	require.NoError(t, err)
 	require.EqualValues(t, 1, res[janitor.RowsProcessed], "deleted once the ledger has covered the window")
