@@ -231,8 +231,9 @@ RETURNING inbox.id, inbox.claimed_at::timestamptz AS claimed_at;
 -- the lost attempt to inbox_attempts as abandoned. A claim is taken over
 -- once no session holds its process's liveness lock (the process died), or,
 -- for a claim without one, once it is older than lease_seconds: until then
--- its worker may be about to lock the row. A row that a worker has locked is
--- skipped. As in InboxClaimBatch, a message waits while an earlier message
+-- its worker may be about to lock the row (the lease is measured against
+-- now, or now() when NULL: a test sets it forward). A row that a worker has
+-- locked is skipped. As in InboxClaimBatch, a message waits while an earlier message
 -- of its order is open.
 --
 -- With first_loss_only, it claims only messages that lost no claim before
@@ -261,7 +262,7 @@ WITH target AS (
       -- claims, which it is not handling if it has not locked them by then
       -- (its batch failed); the rows its batches hold locked are skipped.
       AND CASE WHEN i.claimed_session IS NULL OR i.claimed_session = nullif(sqlc.arg(session)::bigint, 0)
-               THEN i.claimed_at < now() - make_interval(secs => sqlc.arg(lease_seconds)::float8)
+               THEN i.claimed_at < coalesce(sqlc.narg('now')::timestamptz, now()) - make_interval(secs => sqlc.arg(lease_seconds)::float8)
                ELSE i.claimed_session NOT IN (SELECT inbox_live_sessions()) END
       AND (NOT sqlc.arg(first_loss_only)::boolean OR NOT EXISTS (
           SELECT 1 FROM inbox_attempts a
@@ -464,12 +465,13 @@ SELECT message_id::text AS message_id, stored_sha256, conflicting_sha256, delive
 -- there is one. Another process's live claim never counts, however old: it
 -- is handling it (a slow batch). The caller's own claim counts past the
 -- lease: it handles such a message only alone, so none of its batches has it.
+-- The lease is measured against now, or now() when NULL.
 SELECT EXISTS (
     SELECT 1 FROM inbox i
     WHERE i.status = 'pending' AND i.id >= inbox_claim_floor()
       AND i.next_attempt_at <= now() AND i.claimed_at IS NOT NULL
       AND CASE WHEN i.claimed_session IS NULL OR i.claimed_session = nullif(sqlc.arg(session)::bigint, 0)
-               THEN i.claimed_at < now() - make_interval(secs => sqlc.arg(lease_seconds)::float8)
+               THEN i.claimed_at < coalesce(sqlc.narg('now')::timestamptz, now()) - make_interval(secs => sqlc.arg(lease_seconds)::float8)
                ELSE i.claimed_session NOT IN (SELECT inbox_live_sessions()) END
       AND EXISTS (
           SELECT 1 FROM inbox_attempts a

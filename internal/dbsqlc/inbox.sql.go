@@ -105,9 +105,9 @@ WITH target AS (
       -- claims, which it is not handling if it has not locked them by then
       -- (its batch failed); the rows its batches hold locked are skipped.
       AND CASE WHEN i.claimed_session IS NULL OR i.claimed_session = nullif($1::bigint, 0)
-               THEN i.claimed_at < now() - make_interval(secs => $2::float8)
+               THEN i.claimed_at < coalesce($2::timestamptz, now()) - make_interval(secs => $3::float8)
                ELSE i.claimed_session NOT IN (SELECT inbox_live_sessions()) END
-      AND (NOT $3::boolean OR NOT EXISTS (
+      AND (NOT $4::boolean OR NOT EXISTS (
           SELECT 1 FROM inbox_attempts a
           WHERE a.inbox_id = i.id AND a.run = i.replay_count AND a.outcome = 'abandoned'
       ))
@@ -118,14 +118,14 @@ WITH target AS (
             AND e.status <> 'processed'
       ))
     ORDER BY i.id
-    LIMIT $4
+    LIMIT $5
     FOR UPDATE OF i SKIP LOCKED
 ), claimed AS (
     UPDATE inbox
     SET attempts = inbox.attempts + CASE WHEN target.lost_to_restart THEN 0 ELSE 1 END,
         claimed_at = now(),
-        claimed_by = $5::text,
-        claimed_build = $6::text,
+        claimed_by = $6::text,
+        claimed_build = $7::text,
         claimed_session = nullif($1::bigint, 0)
     FROM target
     WHERE inbox.id = target.id
@@ -144,6 +144,7 @@ SELECT id, claimed_at::timestamptz AS claimed_at FROM claimed
 
 type InboxClaimUnfinishedParams struct {
 	Session       int64
+	Now           *time.Time
 	LeaseSeconds  float64
 	FirstLossOnly bool
 	MaxRows       int32
@@ -162,8 +163,9 @@ type InboxClaimUnfinishedRow struct {
 // the lost attempt to inbox_attempts as abandoned. A claim is taken over
 // once no session holds its process's liveness lock (the process died), or,
 // for a claim without one, once it is older than lease_seconds: until then
-// its worker may be about to lock the row. A row that a worker has locked is
-// skipped. As in InboxClaimBatch, a message waits while an earlier message
+// its worker may be about to lock the row (the lease is measured against
+// now, or now() when NULL: a test sets it forward). A row that a worker has
+// locked is skipped. As in InboxClaimBatch, a message waits while an earlier message
 // of its order is open.
 //
 // With first_loss_only, it claims only messages that lost no claim before
@@ -182,6 +184,7 @@ type InboxClaimUnfinishedRow struct {
 func (q *Queries) InboxClaimUnfinished(ctx context.Context, db DBTX, arg InboxClaimUnfinishedParams) ([]InboxClaimUnfinishedRow, error) {
 	rows, err := db.Query(ctx, InboxClaimUnfinished,
 		arg.Session,
+		arg.Now,
 		arg.LeaseSeconds,
 		arg.FirstLossOnly,
 		arg.MaxRows,
@@ -360,7 +363,7 @@ SELECT EXISTS (
     WHERE i.status = 'pending' AND i.id >= inbox_claim_floor()
       AND i.next_attempt_at <= now() AND i.claimed_at IS NOT NULL
       AND CASE WHEN i.claimed_session IS NULL OR i.claimed_session = nullif($1::bigint, 0)
-               THEN i.claimed_at < now() - make_interval(secs => $2::float8)
+               THEN i.claimed_at < coalesce($2::timestamptz, now()) - make_interval(secs => $3::float8)
                ELSE i.claimed_session NOT IN (SELECT inbox_live_sessions()) END
       AND EXISTS (
           SELECT 1 FROM inbox_attempts a
@@ -371,6 +374,7 @@ SELECT EXISTS (
 
 type InboxHasUnfinishedParams struct {
 	Session      int64
+	Now          *time.Time
 	LeaseSeconds float64
 }
 
@@ -380,8 +384,9 @@ type InboxHasUnfinishedParams struct {
 // there is one. Another process's live claim never counts, however old: it
 // is handling it (a slow batch). The caller's own claim counts past the
 // lease: it handles such a message only alone, so none of its batches has it.
+// The lease is measured against now, or now() when NULL.
 func (q *Queries) InboxHasUnfinished(ctx context.Context, db DBTX, arg InboxHasUnfinishedParams) (bool, error) {
-	row := db.QueryRow(ctx, InboxHasUnfinished, arg.Session, arg.LeaseSeconds)
+	row := db.QueryRow(ctx, InboxHasUnfinished, arg.Session, arg.Now, arg.LeaseSeconds)
 	var has_unfinished bool
 	err := row.Scan(&has_unfinished)
 	return has_unfinished, err

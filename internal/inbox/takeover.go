@@ -166,6 +166,7 @@ func (w *Worker) claimUnfinished(ctx context.Context, firstLossOnly bool, max in
 		return 0, err
 	}
 	rows, err := w.queries.InboxClaimUnfinished(ctx, w.pool, dbsqlc.InboxClaimUnfinishedParams{
+		Now:           w.now(),
 		LeaseSeconds:  w.cfg.ClaimLease.Seconds(),
 		FirstLossOnly: firstLossOnly,
 		MaxRows:       int32(max),
@@ -182,6 +183,16 @@ func (w *Worker) claimUnfinished(ctx context.Context, firstLossOnly bool, max in
 // hasUnfinished reports whether a message waits to be taken over.
 func (w *Worker) hasUnfinished(ctx context.Context) (bool, error) {
 	return w.queries.InboxHasUnfinished(ctx, w.pool, dbsqlc.InboxHasUnfinishedParams{
-		LeaseSeconds: w.cfg.ClaimLease.Seconds(), Session: w.live.session(),
+		Now: w.now(), LeaseSeconds: w.cfg.ClaimLease.Seconds(), Session: w.live.session(),
 	})
+}
+
+// now is the time the claim lease is measured against: nil, the
+// database's clock, unless a test set a clock.
+func (w *Worker) now() *time.Time {
+	if w.cfg.Now == nil {
+		return nil
+	}
+	t := w.cfg.Now()
+	return &t
 }

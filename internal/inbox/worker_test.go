@@ -89,6 +89,14 @@ type workerBundle struct {
 	handler *effectHandler
 }
 
+// leaseEnded is a worker clock that stands lease ahead of the time it was
+// made: the claims made before then are past a lease of that length, those
+// made since are not.
+func leaseEnded(lease time.Duration) func() time.Time {
+	at := time.Now().Add(lease)
+	return func() time.Time { return at }
+}
+
 func setupWorker(t *testing.T) *workerBundle {
 	t.Helper()
 	db := testenv.NewDB(t)
@@ -459,9 +467,9 @@ func TestWorkerFailureIsBounded(t *testing.T) {
 			require.NoError(t, err)
 			require.Len(t, claimed, 1)
 		}
-		w := b.newWorker(t, b.db.Pool, inbox.WorkerConfig{MaxAttempts: maxAttempts, ClaimLease: time.Millisecond,
-			Process: "host/9", Build: "v2"})
-		time.Sleep(5 * time.Millisecond) // the dead workers' lease ends
+		// The dead workers' lease has ended by the worker's clock.
+		w := b.newWorker(t, b.db.Pool, inbox.WorkerConfig{MaxAttempts: maxAttempts, ClaimLease: time.Hour,
+			Now: leaseEnded(time.Hour), Process: "host/9", Build: "v2"})
 		require.Eventually(t, func() bool {
 			_, err := w.RunOnce(t.Context())
 			require.NoError(t, err)
@@ -492,9 +500,9 @@ func TestWorkerFailureIsBounded(t *testing.T) {
 		stalled, err := q.InboxClaimBatch(t.Context(), b.db.Pool, dbsqlc.InboxClaimBatchParams{Process: "a/1", Build: "b", MaxRows: 1})
 		require.NoError(t, err)
 		require.Len(t, stalled, 1)
-		time.Sleep(5 * time.Millisecond)
-		// Worker B takes the message over and handles it.
-		w := b.newWorker(t, b.db.Pool, inbox.WorkerConfig{ClaimLease: time.Millisecond, Process: "b/2"})
+		// Worker B takes the message over, past A's lease by its clock, and
+		// handles it.
+		w := b.newWorker(t, b.db.Pool, inbox.WorkerConfig{ClaimLease: time.Hour, Now: leaseEnded(time.Hour), Process: "b/2"})
 		n, err := w.RunOnce(t.Context())
 		require.NoError(t, err)
 		require.Equal(t, 1, n)
@@ -955,7 +963,16 @@ func TestASlowBatchSlowsOnlyItself(t *testing.T) {
 	t.Parallel()
 	b := setupWorker(t)
 	h := &slowHandler{effectHandler: b.handler, entered: make(chan struct{}), release: make(chan struct{})}
+	// The worker's clock is the real one until the slow batch runs, then
+	// stands a lease past its start.
+	var clock atomic.Pointer[func() time.Time]
 	w, err := inbox.NewWorker(b.db.Pool, &inbox.WorkerConfig{
+		Now: func() time.Time {
+			if c := clock.Load(); c != nil {
+				return (*c)()
+			}
+			return time.Now()
+		},
 		Handler: h, Logger: testenv.Logger(t), Concurrency: 2, BatchSize: 10,
 		PollInterval: 20 * time.Millisecond, HandlerTimeout: time.Minute,
 		// Longer than a loaded machine may take between a claim's commit
@@ -968,7 +985,8 @@ func TestASlowBatchSlowsOnlyItself(t *testing.T) {
 	require.NoError(t, w.Start(t.Context()))
 	t.Cleanup(func() { w.Stop(context.WithoutCancel(t.Context())) })
 	<-h.entered
-	time.Sleep(1200 * time.Millisecond) // the slow batch's claim is past its lease
+	past := leaseEnded(time.Second) // the slow batch's claim is past its lease
+	clock.Store(&past)
 
 	for i := range 20 {
 		insertOrdered(t, b.db.Pool, fmt.Sprintf("m-%d", i), "")
