@@ -57,14 +57,15 @@ SELECT pg_notify('outbox_pending', current_schema()) FROM (SELECT 1 FROM inserte
 -- held at 500 orders/s).
 --
 -- claimed_at is set only by releases before this one, which claimed rows in
--- a transaction of their own; such a claim is respected for lease_ms.
+-- a transaction of their own; such a claim is respected for lease_ms,
+-- measured against now, or now() when NULL (a test sets it forward).
 WITH candidate AS (
     SELECT o.id, o.order_key
     FROM outbox o
     WHERE o.published_at IS NULL
       AND o.dead_at IS NULL
       AND o.id >= outbox_claim_floor()
-      AND (o.claimed_at IS NULL OR o.claimed_at < now() - sqlc.arg(lease_ms)::bigint * interval '1 millisecond')
+      AND (o.claimed_at IS NULL OR o.claimed_at < coalesce(sqlc.narg('now')::timestamptz, now()) - sqlc.arg(lease_ms)::bigint * interval '1 millisecond')
       AND o.next_attempt_at <= now()
       AND (o.order_key IS NULL OR (
           -- An earlier row of the order that is dead. Dead rows are never
@@ -91,7 +92,7 @@ WITH candidate AS (
                 AND (w.order_key, w.id) < (o.order_key, o.id)
                 AND w.published_at IS NULL
                 AND (w.next_attempt_at > now()
-                     OR w.claimed_at >= now() - sqlc.arg(lease_ms)::bigint * interval '1 millisecond')
+                     OR w.claimed_at >= coalesce(sqlc.narg('now')::timestamptz, now()) - sqlc.arg(lease_ms)::bigint * interval '1 millisecond')
           )
       ))
     ORDER BY o.id

@@ -17,7 +17,7 @@ WITH candidate AS (
     WHERE o.published_at IS NULL
       AND o.dead_at IS NULL
       AND o.id >= outbox_claim_floor()
-      AND (o.claimed_at IS NULL OR o.claimed_at < now() - $1::bigint * interval '1 millisecond')
+      AND (o.claimed_at IS NULL OR o.claimed_at < coalesce($1::timestamptz, now()) - $2::bigint * interval '1 millisecond')
       AND o.next_attempt_at <= now()
       AND (o.order_key IS NULL OR (
           -- An earlier row of the order that is dead. Dead rows are never
@@ -44,11 +44,11 @@ WITH candidate AS (
                 AND (w.order_key, w.id) < (o.order_key, o.id)
                 AND w.published_at IS NULL
                 AND (w.next_attempt_at > now()
-                     OR w.claimed_at >= now() - $1::bigint * interval '1 millisecond')
+                     OR w.claimed_at >= coalesce($1::timestamptz, now()) - $2::bigint * interval '1 millisecond')
           )
       ))
     ORDER BY o.id
-    LIMIT $2
+    LIMIT $3
     FOR UPDATE OF o SKIP LOCKED
 )
 UPDATE outbox
@@ -73,6 +73,7 @@ RETURNING outbox.id, outbox.idempotency_key, outbox.routing_key, outbox.payload:
 `
 
 type OutboxClaimBatchParams struct {
+	Now     *time.Time
 	LeaseMs int64
 	MaxRows int32
 }
@@ -123,9 +124,10 @@ type OutboxClaimBatchRow struct {
 // held at 500 orders/s).
 //
 // claimed_at is set only by releases before this one, which claimed rows in
-// a transaction of their own; such a claim is respected for lease_ms.
+// a transaction of their own; such a claim is respected for lease_ms,
+// measured against now, or now() when NULL (a test sets it forward).
 func (q *Queries) OutboxClaimBatch(ctx context.Context, db DBTX, arg OutboxClaimBatchParams) ([]OutboxClaimBatchRow, error) {
-	rows, err := db.Query(ctx, OutboxClaimBatch, arg.LeaseMs, arg.MaxRows)
+	rows, err := db.Query(ctx, OutboxClaimBatch, arg.Now, arg.LeaseMs, arg.MaxRows)
 	if err != nil {
 		return nil, err
 	}

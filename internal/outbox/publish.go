@@ -60,8 +60,14 @@ func (r *Relay) claim(ctx, workCtx context.Context) (pgx.Tx, []dbsqlc.OutboxClai
 	if err != nil {
 		return nil, nil, claimError{err}
 	}
+	// The lease's clock: nil, the database's.
+	var now *time.Time
+	if r.cfg.Now != nil {
+		t := r.cfg.Now()
+		now = &t
+	}
 	rows, err := r.queries.OutboxClaimBatch(ctx, tx, dbsqlc.OutboxClaimBatchParams{
-		LeaseMs: r.cfg.Lease.Milliseconds(), MaxRows: int32(r.cfg.BatchSize),
+		Now: now, LeaseMs: r.cfg.Lease.Milliseconds(), MaxRows: int32(r.cfg.BatchSize),
 	})
 	if err != nil {
 		_ = tx.Rollback(context.WithoutCancel(workCtx))
