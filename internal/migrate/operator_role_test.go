@@ -16,6 +16,24 @@ import (
 
 func TestMain(m *testing.M) { testenv.Main(m) }
 
+// operatorLogin creates a login in inbox_operator, for this test only,
+// and returns its name and a connection of it to db, both ended with the
+// test.
+func operatorLogin(t *testing.T, db *testenv.DB) (string, *pgx.Conn) {
+	t.Helper()
+	ctx := context.WithoutCancel(t.Context())
+	login := "op_" + db.Schema
+	db.Exec(t, "CREATE ROLE "+login+" LOGIN PASSWORD 'operator' IN ROLE inbox_operator")
+	t.Cleanup(func() { _, _ = db.Pool.Exec(ctx, "DROP ROLE IF EXISTS "+login) })
+	u, err := url.Parse(db.URL)
+	require.NoError(t, err)
+	u.User = url.UserPassword(login, "operator")
+	op, err := pgx.Connect(ctx, u.String())
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = op.Close(ctx) })
+	return login, op
+}
+
 // The operator role reads everything and can replay, and can change
 // nothing else.
 func TestOperatorRole(t *testing.T) {
@@ -30,18 +48,7 @@ func TestOperatorRole(t *testing.T) {
 	_, err = db.Pool.Exec(ctx, "UPDATE inbox SET status = 'processed', processed_at = now() WHERE message_id = 'm-1'")
 	require.NoError(t, err)
 
-	// A login role of the operator's, for this test only.
-	login := "op_" + db.Schema
-	_, err = db.Pool.Exec(ctx, "CREATE ROLE "+login+" LOGIN PASSWORD 'operator' IN ROLE inbox_operator")
-	require.NoError(t, err)
-	t.Cleanup(func() { _, _ = db.Pool.Exec(context.WithoutCancel(ctx), "DROP ROLE IF EXISTS "+login) })
-
-	u, err := url.Parse(db.URL)
-	require.NoError(t, err)
-	u.User = url.UserPassword(login, "operator")
-	op, err := pgx.Connect(ctx, u.String())
-	require.NoError(t, err)
-	defer func() { _ = op.Close(context.WithoutCancel(ctx)) }()
+	login, op := operatorLogin(t, db)
 
 	for _, view := range []string{"inbox", "inbox_overview", "inbox_dead", "inbox_held_back", "order_confirmations",
 		"stock", "stock_reservations", "stock_overview", "stock_levels", "stock_moves", "outbox", "outbox_backlog",
@@ -117,15 +124,7 @@ func TestAnOperatorLowersTheFloorsAfterARestore(t *testing.T) {
 	// The restore: both floors past their open rows.
 	db.Exec(t, "SELECT setval('inbox_claim_floor_seq', 100), setval('outbox_claim_floor_seq', 100)")
 
-	login := "op_" + db.Schema
-	db.Exec(t, "CREATE ROLE "+login+" LOGIN PASSWORD 'operator' IN ROLE inbox_operator")
-	t.Cleanup(func() { _, _ = db.Pool.Exec(context.WithoutCancel(ctx), "DROP ROLE IF EXISTS "+login) })
-	u, err := url.Parse(db.URL)
-	require.NoError(t, err)
-	u.User = url.UserPassword(login, "operator")
-	op, err := pgx.Connect(ctx, u.String())
-	require.NoError(t, err)
-	defer func() { _ = op.Close(context.WithoutCancel(ctx)) }()
+	_, op := operatorLogin(t, db)
 
 	repair := func() {
 		t.Helper()

@@ -12,17 +12,27 @@ import (
 	"github.com/orderconfirm/inboxd/internal/testenv"
 )
 
+// listedWithReasons returns, sorted, the names docs/schema.md's table
+// (between its "<table>: begin" and "end" marks) lists in its first
+// column, and fails the test on a row whose last column, its reason, is
+// empty.
+func listedWithReasons(t *testing.T, table string, columns int) []string {
+	t.Helper()
+	var listed []string
+	for _, cells := range doctable.Table(t, "schema.md", table, columns) {
+		require.NotEmpty(t, strings.TrimSpace(cells[columns-1]), "a reason for %s", cells[0])
+		listed = append(listed, doctable.Backquoted(cells[0])...)
+	}
+	slices.Sort(listed)
+	return listed
+}
+
 // docs/schema.md lists, under "What the database enforces", every trigger
 // of a freshly migrated schema with its reason, and no other.
 func TestEveryTriggerIsListedWithItsReason(t *testing.T) {
 	t.Parallel()
 	db := testenv.NewDB(t)
-	var listed []string
-	for _, cells := range doctable.Table(t, "schema.md", "triggers", 3) {
-		require.NotEmpty(t, strings.TrimSpace(cells[2]), "a reason for %s", cells[0])
-		listed = append(listed, doctable.Backquoted(cells[0])...)
-	}
-	slices.Sort(listed)
+	listed := listedWithReasons(t, "triggers", 3)
 	got := db.Strings(t, `
 		SELECT t.tgname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid
 		WHERE c.relnamespace = current_schema()::regnamespace AND NOT t.tgisinternal
@@ -42,12 +52,7 @@ const functionBodyBudget = 300
 func TestEveryFunctionIsListedWithItsReason(t *testing.T) {
 	t.Parallel()
 	db := testenv.NewDB(t)
-	var listed []string
-	for _, cells := range doctable.Table(t, "schema.md", "functions", 2) {
-		require.NotEmpty(t, strings.TrimSpace(cells[1]), "a reason for %s", cells[0])
-		listed = append(listed, doctable.Backquoted(cells[0])...)
-	}
-	slices.Sort(listed)
+	listed := listedWithReasons(t, "functions", 2)
 	got := db.Strings(t, `
 		SELECT p.proname FROM pg_proc p
 		WHERE p.pronamespace = current_schema()::regnamespace
