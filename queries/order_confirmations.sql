@@ -51,28 +51,36 @@ WHERE c.order_id = ANY(@order_ids::text[]) ORDER BY c.order_id FOR UPDATE;
 
 -- name: OrderReservationsLock :exec
 -- OrderReservationsLock locks the unreleased stock_reservations rows of
--- order_ids in key order, waiting for each as lock_timeout says.
-SELECT r.order_id FROM stock_reservations r
-WHERE r.order_id = ANY(@order_ids::text[]) AND r.released_at IS NULL
-ORDER BY r.order_id, r.sku FOR UPDATE;
+-- order_ids in key order, waiting for each as lock_timeout says. Each
+-- order's rows are one probe of the primary key (see StockReservedSkus).
+SELECT r.order_id
+FROM (SELECT DISTINCT unnest(@order_ids::text[]) AS id ORDER BY 1) AS o
+CROSS JOIN LATERAL (SELECT r.order_id FROM stock_reservations r
+                    WHERE r.order_id = o.id AND r.released_at IS NULL
+                    ORDER BY r.sku FOR UPDATE) AS r;
 
 -- name: OrderLockAvailable :many
 -- OrderLockAvailable locks, without waiting, the rows a cancellation of
 -- each of order_ids changes that no other transaction holds (its
 -- order_confirmations row and unreleased stock_reservations rows, in key
 -- order), and returns the orders it could not lock whole: a row of theirs
--- exists and another session holds it.
-WITH got_orders AS (
+-- exists and another session holds it. Each order's reservations are one
+-- probe of the primary key (see StockReservedSkus).
+WITH o AS (
+    SELECT DISTINCT unnest(@order_ids::text[]) AS id ORDER BY 1
+), got_orders AS (
     SELECT c.order_id FROM order_confirmations c
     WHERE c.order_id = ANY(@order_ids::text[]) ORDER BY c.order_id FOR UPDATE SKIP LOCKED
 ), got_reservations AS (
-    SELECT r.order_id, r.sku FROM stock_reservations r
-    WHERE r.order_id = ANY(@order_ids::text[]) AND r.released_at IS NULL
-    ORDER BY r.order_id, r.sku FOR UPDATE SKIP LOCKED
+    SELECT r.order_id, r.sku FROM o
+    CROSS JOIN LATERAL (SELECT r.order_id, r.sku FROM stock_reservations r
+                        WHERE r.order_id = o.id AND r.released_at IS NULL
+                        ORDER BY r.sku FOR UPDATE SKIP LOCKED) AS r
 )
 SELECT c.order_id::text AS order_id FROM order_confirmations c
 WHERE c.order_id = ANY(@order_ids::text[]) AND c.order_id NOT IN (SELECT g.order_id FROM got_orders g)
 UNION
-SELECT r.order_id::text FROM stock_reservations r
-WHERE r.order_id = ANY(@order_ids::text[]) AND r.released_at IS NULL
-  AND (r.order_id, r.sku) NOT IN (SELECT g.order_id, g.sku FROM got_reservations g);
+SELECT r.order_id::text FROM o
+CROSS JOIN LATERAL (SELECT r.order_id, r.sku FROM stock_reservations r
+                    WHERE r.order_id = o.id AND r.released_at IS NULL OFFSET 0) AS r
+WHERE (r.order_id, r.sku) NOT IN (SELECT g.order_id, g.sku FROM got_reservations g);

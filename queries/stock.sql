@@ -101,6 +101,15 @@ WHERE m.ctid = ANY (ARRAY(
 
 -- name: StockReservedSkus :many
 -- StockReservedSkus returns the SKUs that each of the orders holds
--- reservations on.
-SELECT DISTINCT order_id, sku FROM stock_reservations
-WHERE order_id = ANY(@order_ids::text[]) AND released_at IS NULL;
+-- reservations on. Each order's rows are one probe of the primary key: a
+-- subquery the planner may not merge into a join (OFFSET 0), run once per
+-- order. As "order_id = ANY(@order_ids)", without statistics the planner
+-- takes each id to match 1 in 200 rows (order_id alone is not unique), so
+-- a batch of 40 cancellations read the whole table whatever its size;
+-- with statistics, a table of a few thousand rows. The lookups of
+-- OrderReservationsLock and OrderLockAvailable are written the same way,
+-- their FOR UPDATE keeping the subquery apart.
+SELECT r.order_id, r.sku
+FROM (SELECT DISTINCT unnest(@order_ids::text[]) AS id) AS o
+CROSS JOIN LATERAL (SELECT r.order_id, r.sku FROM stock_reservations r
+                    WHERE r.order_id = o.id AND r.released_at IS NULL OFFSET 0) AS r;

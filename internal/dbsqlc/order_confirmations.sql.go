@@ -151,27 +151,32 @@ func (q *Queries) OrderLock(ctx context.Context, db DBTX, orderIds []string) err
 }
 
 const OrderLockAvailable = `-- name: OrderLockAvailable :many
-WITH got_orders AS (
+WITH o AS (
+    SELECT DISTINCT unnest($1::text[]) AS id ORDER BY 1
+), got_orders AS (
     SELECT c.order_id FROM order_confirmations c
     WHERE c.order_id = ANY($1::text[]) ORDER BY c.order_id FOR UPDATE SKIP LOCKED
 ), got_reservations AS (
-    SELECT r.order_id, r.sku FROM stock_reservations r
-    WHERE r.order_id = ANY($1::text[]) AND r.released_at IS NULL
-    ORDER BY r.order_id, r.sku FOR UPDATE SKIP LOCKED
+    SELECT r.order_id, r.sku FROM o
+    CROSS JOIN LATERAL (SELECT r.order_id, r.sku FROM stock_reservations r
+                        WHERE r.order_id = o.id AND r.released_at IS NULL
+                        ORDER BY r.sku FOR UPDATE SKIP LOCKED) AS r
 )
 SELECT c.order_id::text AS order_id FROM order_confirmations c
 WHERE c.order_id = ANY($1::text[]) AND c.order_id NOT IN (SELECT g.order_id FROM got_orders g)
 UNION
-SELECT r.order_id::text FROM stock_reservations r
-WHERE r.order_id = ANY($1::text[]) AND r.released_at IS NULL
-  AND (r.order_id, r.sku) NOT IN (SELECT g.order_id, g.sku FROM got_reservations g)
+SELECT r.order_id::text FROM o
+CROSS JOIN LATERAL (SELECT r.order_id, r.sku FROM stock_reservations r
+                    WHERE r.order_id = o.id AND r.released_at IS NULL OFFSET 0) AS r
+WHERE (r.order_id, r.sku) NOT IN (SELECT g.order_id, g.sku FROM got_reservations g)
 `
 
 // OrderLockAvailable locks, without waiting, the rows a cancellation of
 // each of order_ids changes that no other transaction holds (its
 // order_confirmations row and unreleased stock_reservations rows, in key
 // order), and returns the orders it could not lock whole: a row of theirs
-// exists and another session holds it.
+// exists and another session holds it. Each order's reservations are one
+// probe of the primary key (see StockReservedSkus).
 func (q *Queries) OrderLockAvailable(ctx context.Context, db DBTX, orderIds []string) ([]string, error) {
 	rows, err := db.Query(ctx, OrderLockAvailable, orderIds)
 	if err != nil {
@@ -193,13 +198,16 @@ func (q *Queries) OrderLockAvailable(ctx context.Context, db DBTX, orderIds []st
 }
 
 const OrderReservationsLock = `-- name: OrderReservationsLock :exec
-SELECT r.order_id FROM stock_reservations r
-WHERE r.order_id = ANY($1::text[]) AND r.released_at IS NULL
-ORDER BY r.order_id, r.sku FOR UPDATE
+SELECT r.order_id
+FROM (SELECT DISTINCT unnest($1::text[]) AS id ORDER BY 1) AS o
+CROSS JOIN LATERAL (SELECT r.order_id FROM stock_reservations r
+                    WHERE r.order_id = o.id AND r.released_at IS NULL
+                    ORDER BY r.sku FOR UPDATE) AS r
 `
 
 // OrderReservationsLock locks the unreleased stock_reservations rows of
-// order_ids in key order, waiting for each as lock_timeout says.
+// order_ids in key order, waiting for each as lock_timeout says. Each
+// order's rows are one probe of the primary key (see StockReservedSkus).
 func (q *Queries) OrderReservationsLock(ctx context.Context, db DBTX, orderIds []string) error {
 	_, err := db.Exec(ctx, OrderReservationsLock, orderIds)
 	return err

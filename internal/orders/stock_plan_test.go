@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/orderconfirm/inboxd/internal/dbsqlc"
 	"github.com/orderconfirm/inboxd/internal/orders"
 	"github.com/orderconfirm/inboxd/internal/pipeline"
 	"github.com/orderconfirm/inboxd/internal/testenv"
@@ -29,7 +30,7 @@ func TestTheLocksReadAnIndexOnceTheTableHasGrown(t *testing.T) {
 	}
 	for _, c := range []struct {
 		name, table string
-		fill, grow  string // SQL: 1,000 rows, then 30,000 rows or versions more
+		fill, grow  string // SQL: 1,000 rows (or orders), then 30,000 rows or versions more
 		holdOpen    bool   // a snapshot held open while it grows
 		lock        func(ctx context.Context, tx pgx.Tx) error
 	}{
@@ -52,6 +53,35 @@ func TestTheLocksReadAnIndexOnceTheTableHasGrown(t *testing.T) {
 			grow: `INSERT INTO order_confirmations (order_id, status, message_id)
 			       SELECT 'G-' || g || '-' || random(), 'confirmed', 'g-' || g || '-' || random() FROM generate_series(1, 1000) g`,
 			lock: func(ctx context.Context, tx pgx.Tx) error {
+				held, err := orders.LockOrders(ctx, tx, keys, orders.OrderLockWait)
+				if err == nil && len(held) > 0 {
+					err = fmt.Errorf("orders held by another session: %v", held)
+				}
+				return err
+			},
+		},
+		{
+			// A batch's cancellations look up their orders' reservations
+			// (StockReservedSkus), then lock them (LockOrders). order_id
+			// alone is not unique, so without statistics the planner takes
+			// each id to match 1 in 200 rows: as "order_id = ANY(...)", a
+			// hundred ids read the table whole, whatever its size.
+			name: "Reservations", table: "stock_reservations",
+			fill: `INSERT INTO stock (sku, available) SELECT 'S-' || g, 1000000 FROM generate_series(1, 3) g;
+			       INSERT INTO order_confirmations (order_id, status, message_id)
+			       SELECT 'K-' || g, 'confirmed', 'm-' || g FROM generate_series(1, 1000) g;
+			       INSERT INTO stock_reservations (order_id, sku, quantity)
+			       SELECT 'K-' || g, 'S-' || s, 1 FROM generate_series(1, 1000) g, generate_series(1, 3) s`,
+			grow: `INSERT INTO stock_reservations (order_id, sku, quantity)
+			       SELECT 'G-' || g || '-' || random(), 'S-' || s, 1 FROM generate_series(1, 1000) g, generate_series(1, 3) s`,
+			lock: func(ctx context.Context, tx pgx.Tx) error {
+				reserved, err := dbsqlc.New().StockReservedSkus(ctx, tx, keys)
+				if err == nil && len(reserved) != 3*len(keys) {
+					err = fmt.Errorf("read %d reservations of %d", len(reserved), 3*len(keys))
+				}
+				if err != nil {
+					return err
+				}
 				held, err := orders.LockOrders(ctx, tx, keys, orders.OrderLockWait)
 				if err == nil && len(held) > 0 {
 					err = fmt.Errorf("orders held by another session: %v", held)
