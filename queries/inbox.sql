@@ -406,7 +406,11 @@ WITH u AS (
                                THEN statement_timestamp() + u.retry_delay_ms * interval '1 millisecond'
                                ELSE inbox.next_attempt_at END
     FROM u
-    WHERE inbox.id = u.id
+    -- One probe of the primary key per message: "= ANY(ARRAY[u.id])" can
+    -- be neither hashed nor merged, so the only plan is a loop over u. As
+    -- "inbox.id = u.id", a plan made while the inbox was small hashed u
+    -- and read the inbox whole, and kept, did so once it had grown.
+    WHERE inbox.id = ANY(ARRAY[u.id])
     RETURNING inbox.id, inbox.replay_count, inbox.attempts, inbox.message_id, u.status
 )
 INSERT INTO inbox_attempts (inbox_id, run, attempt, message_id, outcome, error, result, process, build, started_at, finished_at)
@@ -417,7 +421,9 @@ SELECT done.id, done.replay_count, done.attempts, done.message_id,
 FROM done
 JOIN u ON u.id = done.id
 -- The rows as they were before this statement: when the attempt began.
-JOIN inbox AS started ON started.id = done.id
+-- One probe of the primary key per message, in a subquery the planner
+-- may not merge into a join (OFFSET 0).
+CROSS JOIN LATERAL (SELECT s.claimed_at FROM inbox s WHERE s.id = done.id OFFSET 0) AS started
 WHERE done.status <> 'waiting'
 -- Only a hand edit of inbox.attempts (by the schema's owner) can repeat an
 -- attempt number within a run; the history then keeps the first, and the
@@ -442,7 +448,11 @@ WITH d AS (
            (array_agg(d.payload))[1]          AS conflicting_payload,
            count(*)::integer                  AS deliveries
     FROM d
-    JOIN inbox i ON i.message_id = d.message_id
+    -- One probe of the message_id index per delivery, in a subquery the
+    -- planner may not merge into a join (OFFSET 0): as a join, a plan made
+    -- while the inbox was small hashed the deliveries and read the inbox
+    -- whole, and kept, did so once it had grown.
+    CROSS JOIN LATERAL (SELECT i.payload FROM inbox i WHERE i.message_id = d.message_id OFFSET 0) AS i
     WHERE i.payload <> d.payload
     GROUP BY d.message_id, i.payload, d.payload
 ), recorded AS (
@@ -473,9 +483,14 @@ SELECT EXISTS (
       AND CASE WHEN i.claimed_session IS NULL OR i.claimed_session = nullif(sqlc.arg(session)::bigint, 0)
                THEN i.claimed_at < coalesce(sqlc.narg('now')::timestamptz, now()) - make_interval(secs => sqlc.arg(lease_seconds)::float8)
                ELSE i.claimed_session NOT IN (SELECT inbox_live_sessions()) END
+      -- A probe of the attempts' primary key per claimed row (OFFSET 0 keeps
+      -- the planner from turning it into a join): as a join, a plan made
+      -- while the tables were small read every attempt for abandoned ones,
+      -- and kept, did so once the history had grown.
       AND EXISTS (
           SELECT 1 FROM inbox_attempts a
           WHERE a.inbox_id = i.id AND a.run = i.replay_count AND a.outcome = 'abandoned'
+          OFFSET 0
       )
 )::boolean AS has_unfinished;
 
