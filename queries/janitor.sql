@@ -142,27 +142,32 @@ LOCK TABLE inbox_key_hot_parts IN SHARE MODE;
 -- for the next generation), and whether the next slot's last generation
 -- closed at least a window ago (a longer window than before may still
 -- hold its keys), or never wrote it. The slots go round in order, so the
--- next slot was last written seven generations ago.
+-- next slot was last written seven generations ago. The clock is now, or
+-- clock_timestamp() when NULL (the service passes none; a test sets it
+-- forward).
 SELECT g.generation, g.slot,
-       clock_timestamp() >= g.opened_at + make_interval(secs => sqlc.arg(dedupe_window_seconds)::float8 / 7) AS due,
+       coalesce(sqlc.narg('now')::timestamptz, clock_timestamp())
+           >= g.opened_at + make_interval(secs => sqlc.arg(dedupe_window_seconds)::float8 / 7) AS due,
        EXISTS (SELECT 1 FROM inbox_key_hot_parts h WHERE h.state = 'empty') AS part_empty,
        NOT EXISTS (SELECT 1 FROM (SELECT r.closed_at FROM inbox_key_generations r
                                   WHERE r.generation >= g.generation - 7 AND r.slot = (g.slot + 1) % 8
                                   ORDER BY r.generation DESC LIMIT 1) last
-                   WHERE last.closed_at > clock_timestamp() - make_interval(secs => sqlc.arg(dedupe_window_seconds)::float8)) AS slot_free
+                   WHERE last.closed_at > coalesce(sqlc.narg('now')::timestamptz, clock_timestamp())
+                                          - make_interval(secs => sqlc.arg(dedupe_window_seconds)::float8)) AS slot_free
 FROM inbox_key_generations g
 WHERE g.closed_at IS NULL;
 
 -- name: JanitorKeysClose :execrows
 -- JanitorKeysClose closes the current generation: every key of it has
--- been committed by now.
-UPDATE inbox_key_generations SET closed_at = clock_timestamp()
+-- been committed by now. The clock is JanitorKeysCurrent's.
+UPDATE inbox_key_generations SET closed_at = coalesce(sqlc.narg('now')::timestamptz, clock_timestamp())
 WHERE generation = sqlc.arg(generation)::bigint AND closed_at IS NULL;
 
 -- name: JanitorKeysOpen :exec
--- JanitorKeysOpen opens a generation, which writes slot.
+-- JanitorKeysOpen opens a generation, which writes slot. The clock is
+-- JanitorKeysCurrent's.
 INSERT INTO inbox_key_generations (generation, slot, opened_at)
-VALUES (sqlc.arg(generation)::bigint, sqlc.arg(slot)::smallint, clock_timestamp());
+VALUES (sqlc.arg(generation)::bigint, sqlc.arg(slot)::smallint, coalesce(sqlc.narg('now')::timestamptz, clock_timestamp()));
 
 -- name: JanitorKeysSealWriting :exec
 -- JanitorKeysSealWriting seals the hot part writing, for the slot its

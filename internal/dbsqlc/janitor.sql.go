@@ -230,14 +230,19 @@ func (q *Queries) JanitorDeleteUndeliverable(ctx context.Context, db DBTX, arg J
 }
 
 const JanitorKeysClose = `-- name: JanitorKeysClose :execrows
-UPDATE inbox_key_generations SET closed_at = clock_timestamp()
-WHERE generation = $1::bigint AND closed_at IS NULL
+UPDATE inbox_key_generations SET closed_at = coalesce($1::timestamptz, clock_timestamp())
+WHERE generation = $2::bigint AND closed_at IS NULL
 `
 
+type JanitorKeysCloseParams struct {
+	Now        *time.Time
+	Generation int64
+}
+
 // JanitorKeysClose closes the current generation: every key of it has
-// been committed by now.
-func (q *Queries) JanitorKeysClose(ctx context.Context, db DBTX, generation int64) (int64, error) {
-	result, err := db.Exec(ctx, JanitorKeysClose, generation)
+// been committed by now. The clock is JanitorKeysCurrent's.
+func (q *Queries) JanitorKeysClose(ctx context.Context, db DBTX, arg JanitorKeysCloseParams) (int64, error) {
+	result, err := db.Exec(ctx, JanitorKeysClose, arg.Now, arg.Generation)
 	if err != nil {
 		return 0, err
 	}
@@ -268,15 +273,22 @@ func (q *Queries) JanitorKeysCoverWindow(ctx context.Context, db DBTX, arg Janit
 
 const JanitorKeysCurrent = `-- name: JanitorKeysCurrent :one
 SELECT g.generation, g.slot,
-       clock_timestamp() >= g.opened_at + make_interval(secs => $1::float8 / 7) AS due,
+       coalesce($1::timestamptz, clock_timestamp())
+           >= g.opened_at + make_interval(secs => $2::float8 / 7) AS due,
        EXISTS (SELECT 1 FROM inbox_key_hot_parts h WHERE h.state = 'empty') AS part_empty,
        NOT EXISTS (SELECT 1 FROM (SELECT r.closed_at FROM inbox_key_generations r
                                   WHERE r.generation >= g.generation - 7 AND r.slot = (g.slot + 1) % 8
                                   ORDER BY r.generation DESC LIMIT 1) last
-                   WHERE last.closed_at > clock_timestamp() - make_interval(secs => $1::float8)) AS slot_free
+                   WHERE last.closed_at > coalesce($1::timestamptz, clock_timestamp())
+                                          - make_interval(secs => $2::float8)) AS slot_free
 FROM inbox_key_generations g
 WHERE g.closed_at IS NULL
 `
+
+type JanitorKeysCurrentParams struct {
+	Now                 *time.Time
+	DedupeWindowSeconds float64
+}
 
 type JanitorKeysCurrentRow struct {
 	Generation int64
@@ -291,9 +303,11 @@ type JanitorKeysCurrentRow struct {
 // for the next generation), and whether the next slot's last generation
 // closed at least a window ago (a longer window than before may still
 // hold its keys), or never wrote it. The slots go round in order, so the
-// next slot was last written seven generations ago.
-func (q *Queries) JanitorKeysCurrent(ctx context.Context, db DBTX, dedupeWindowSeconds float64) (JanitorKeysCurrentRow, error) {
-	row := db.QueryRow(ctx, JanitorKeysCurrent, dedupeWindowSeconds)
+// next slot was last written seven generations ago. The clock is now, or
+// clock_timestamp() when NULL (the service passes none; a test sets it
+// forward).
+func (q *Queries) JanitorKeysCurrent(ctx context.Context, db DBTX, arg JanitorKeysCurrentParams) (JanitorKeysCurrentRow, error) {
+	row := db.QueryRow(ctx, JanitorKeysCurrent, arg.Now, arg.DedupeWindowSeconds)
 	var i JanitorKeysCurrentRow
 	err := row.Scan(
 		&i.Generation,
@@ -439,17 +453,19 @@ func (q *Queries) JanitorKeysMergedAll(ctx context.Context, db DBTX, part int16)
 
 const JanitorKeysOpen = `-- name: JanitorKeysOpen :exec
 INSERT INTO inbox_key_generations (generation, slot, opened_at)
-VALUES ($1::bigint, $2::smallint, clock_timestamp())
+VALUES ($1::bigint, $2::smallint, coalesce($3::timestamptz, clock_timestamp()))
 `
 
 type JanitorKeysOpenParams struct {
 	Generation int64
 	Slot       int16
+	Now        *time.Time
 }
 
-// JanitorKeysOpen opens a generation, which writes slot.
+// JanitorKeysOpen opens a generation, which writes slot. The clock is
+// JanitorKeysCurrent's.
 func (q *Queries) JanitorKeysOpen(ctx context.Context, db DBTX, arg JanitorKeysOpenParams) error {
-	_, err := db.Exec(ctx, JanitorKeysOpen, arg.Generation, arg.Slot)
+	_, err := db.Exec(ctx, JanitorKeysOpen, arg.Generation, arg.Slot, arg.Now)
 	return err
 }
 

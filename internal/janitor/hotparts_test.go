@@ -191,13 +191,13 @@ func TestARotationHandsTheHotPartOver(t *testing.T) {
 	t.Parallel()
 	db := testenv.NewDB(t)
 	const window = 70 * time.Hour
-	j := newJanitor(t, db.Pool, janitor.Config{Retention: 24 * time.Hour, DeadRetention: 24 * time.Hour, DedupeWindow: window})
+	due := window/7 + time.Minute
+	j := newJanitor(t, db.Pool, janitor.Config{Retention: 24 * time.Hour, DeadRetention: 24 * time.Hour, DedupeWindow: window, Now: ahead(due)})
 	require.Equal(t, []string{"g1-a"}, store(t, db.Pool, "g1-a"))
 	seal(t, db) // part 8 sealed, not yet merged
 	require.Equal(t, []string{"g1-b"}, store(t, db.Pool, "g1-b"))
-	ageLedger(t, db.Pool, window/7+time.Minute)
 
-	rotated, err := janitor.RotateKeys(t.Context(), db.Pool, window, janitor.KeysLockWaitDefault)
+	rotated, err := janitor.RotateKeys(t.Context(), db.Pool, window, janitor.KeysLockWaitDefault, later(due))
 	require.NoError(t, err)
 	require.Zero(t, rotated, "no empty part for the next generation yet")
 

@@ -80,11 +80,11 @@ type Config struct {
 	// Observe, when set, is told how many rows of each kind each batch
 	// deleted, and how long the batch took. It must not block.
 	Observe func(rows string, n int, took time.Duration)
-	// Now, when set, is the clock the retentions and the key ledger's
-	// window check are measured against, read once per cleanup; tests set
-	// it forward instead of backdating rows. Nil, as the service leaves
-	// it, means the database's clock (now()). The ledger's rotations and
-	// seals always read the database's clock.
+	// Now, when set, is the clock the retentions, the key ledger's window
+	// check and its rotations are measured against, read once per cleanup;
+	// tests set it forward instead of backdating rows. Nil, as the service
+	// leaves it, means the database's clock. The hot parts' times (how long
+	// one has waited sealed or merged, a gauge) are always the database's.
 	Now func() time.Time
 }
 
@@ -257,7 +257,7 @@ func (j *Janitor) RunOnce(ctx context.Context) (Result, error) {
 	if err := j.tendHotParts(ctx); err != nil {
 		return Result{}, err
 	}
-	switch generation, err := RotateKeys(ctx, j.pool, j.cfg.DedupeWindow, KeysLockWaitDefault); {
+	switch generation, err := RotateKeys(ctx, j.pool, j.cfg.DedupeWindow, KeysLockWaitDefault, now); {
 	case err != nil && ctx.Err() != nil:
 		return Result{}, ctx.Err()
 	case err != nil:

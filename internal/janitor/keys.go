@@ -137,7 +137,11 @@ func handOverKeys(ctx context.Context, q *dbsqlc.Queries, tx pgx.Tx, fromSlot, t
 // commits. lockWait bounds that pause: a rotation that cannot have its
 // locks in time fails (lock_not_available), to be tried again. Any number
 // of callers may run it at once; one rotates.
-func RotateKeys(ctx context.Context, db KeysDB, window, lockWait time.Duration) (int64, error) {
+//
+// now is the clock the generations' ages are measured against and their
+// opening and closing recorded with; nil, as the service passes it, is
+// the database's (clock_timestamp()). A test sets it forward.
+func RotateKeys(ctx context.Context, db KeysDB, window, lockWait time.Duration, now *time.Time) (int64, error) {
 	if window <= 0 {
 		return 0, fmt.Errorf("key ledger rotation: the dedupe window must be positive, got %s", window)
 	}
@@ -150,7 +154,7 @@ func RotateKeys(ctx context.Context, db KeysDB, window, lockWait time.Duration) 
 		if err := q.JanitorKeysLockGenerations(ctx, tx); err != nil {
 			return err
 		}
-		cur, err := q.JanitorKeysCurrent(ctx, tx, window.Seconds())
+		cur, err := q.JanitorKeysCurrent(ctx, tx, dbsqlc.JanitorKeysCurrentParams{Now: now, DedupeWindowSeconds: window.Seconds()})
 		if err != nil {
 			return fmt.Errorf("read the current generation: %w", err)
 		}
@@ -171,13 +175,13 @@ func RotateKeys(ctx context.Context, db KeysDB, window, lockWait time.Duration) 
 		if err := handOverKeys(ctx, q, tx, cur.Slot, next); err != nil {
 			return err
 		}
-		switch n, err := q.JanitorKeysClose(ctx, tx, cur.Generation); {
+		switch n, err := q.JanitorKeysClose(ctx, tx, dbsqlc.JanitorKeysCloseParams{Now: now, Generation: cur.Generation}); {
 		case err != nil:
 			return fmt.Errorf("close generation %d: %w", cur.Generation, err)
 		case n != 1:
 			return fmt.Errorf("key ledger: generation %d was not open", cur.Generation)
 		}
-		if err := q.JanitorKeysOpen(ctx, tx, dbsqlc.JanitorKeysOpenParams{Generation: cur.Generation + 1, Slot: next}); err != nil {
+		if err := q.JanitorKeysOpen(ctx, tx, dbsqlc.JanitorKeysOpenParams{Generation: cur.Generation + 1, Slot: next, Now: now}); err != nil {
 			return fmt.Errorf("open generation %d: %w", cur.Generation+1, err)
 		}
 		opened = cur.Generation + 1

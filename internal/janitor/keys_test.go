@@ -20,7 +20,9 @@ import (
 )
 
 // ageLedger moves the key ledger's times d into the past, as if d had
-// passed since each generation opened and closed.
+// passed since each generation opened and closed. For a test that
+// compares them with the database's clock; the others set the janitor's
+// clock forward (ahead, later).
 func ageLedger(t *testing.T, pool *pgxpool.Pool, d time.Duration) {
 	t.Helper()
 	exec(t, pool, `UPDATE inbox_key_generations
@@ -57,6 +59,12 @@ func storeOrFail(ctx context.Context, db dbsqlc.DBTX, ids ...string) ([]string, 
 // ahead is a janitor clock d ahead of the real one.
 func ahead(d time.Duration) func() time.Time {
 	return func() time.Time { return time.Now().Add(d) }
+}
+
+// later is the time d from now, a rotation's clock (janitor.RotateKeys).
+func later(d time.Duration) *time.Time {
+	t := time.Now().Add(d)
+	return &t
 }
 
 // requireSQLState requires err to be PostgreSQL's, with SQLSTATE code, and
@@ -111,7 +119,6 @@ func TestAStricterWriterCannotWriteAClosedGeneration(t *testing.T) {
 	t.Parallel()
 	db := testenv.NewDB(t)
 	ctx := t.Context()
-	ageLedger(t, db.Pool, 11*time.Hour)
 	writer := db.Session(t)
 	tx, err := writer.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
 	require.NoError(t, err)
@@ -119,7 +126,7 @@ func TestAStricterWriterCannotWriteAClosedGeneration(t *testing.T) {
 	_, err = tx.Exec(ctx, "SELECT 1") // its snapshot
 	require.NoError(t, err)
 
-	generation, err := janitor.RotateKeys(ctx, db.Pool, 70*time.Hour, janitor.KeysLockWaitDefault)
+	generation, err := janitor.RotateKeys(ctx, db.Pool, 70*time.Hour, janitor.KeysLockWaitDefault, later(11*time.Hour))
 	require.NoError(t, err)
 	require.EqualValues(t, 2, generation)
 
@@ -208,11 +215,14 @@ func TestAKeyIsRememberedForTheWindowAcrossRotations(t *testing.T) {
 	t.Parallel()
 	db := testenv.NewDB(t)
 	const window, step = 70 * time.Hour, time.Hour
-	j := newJanitor(t, db.Pool, janitor.Config{Retention: 24 * time.Hour, DeadRetention: 24 * time.Hour, DedupeWindow: window})
+	start := time.Now()
+	var elapsed time.Duration
+	j := newJanitor(t, db.Pool, janitor.Config{Retention: 24 * time.Hour, DeadRetention: 24 * time.Hour, DedupeWindow: window,
+		Now: func() time.Time { return start.Add(elapsed) }})
 	storedAt := map[string]time.Duration{}
 	forgottenAt := map[string]time.Duration{}
 	rotations := 0
-	for elapsed := time.Duration(0); elapsed <= 100*time.Hour; elapsed += step {
+	for ; elapsed <= 100*time.Hour; elapsed += step {
 		// Keys stored at the start of the first generation, at its end, and
 		// mid-way through a later one.
 		for id, at := range map[string]time.Duration{"k-first": 0, "k-end-of-first": 9 * time.Hour, "k-later": 33 * time.Hour} {
@@ -239,7 +249,6 @@ func TestAKeyIsRememberedForTheWindowAcrossRotations(t *testing.T) {
 			require.Empty(t, store(t, db.Pool, id), "%s stored again %s after it was first", id, elapsed-at)
 			require.LessOrEqual(t, elapsed-at, window+window/7, "%s still remembered %s after it was stored", id, elapsed-at)
 		}
-		ageLedger(t, db.Pool, step)
 	}
 	require.Len(t, forgottenAt, 2, "the keys of the first generation left; k-later is remembered still")
 	require.Equal(t, 10, rotations, "a generation lasts a seventh of the window: 100 hours hold ten")
@@ -269,7 +278,8 @@ func TestARotationWaitsForTheKeysBeingWritten(t *testing.T) {
 	keeper := db.Session(t)
 	rotated := make(chan error, 1)
 	go func() {
-		_, err := janitor.RotateKeys(ctx, keeper, window, 30*time.Second)
+		// The database's clock: the close is compared with the commit's.
+		_, err := janitor.RotateKeys(ctx, keeper, window, 30*time.Second, nil)
 		rotated <- err
 	}()
 	require.Eventually(t, func() bool {
@@ -315,19 +325,19 @@ func TestARotationGivesUpOnABusyLedger(t *testing.T) {
 	t.Parallel()
 	db := testenv.NewDB(t)
 	ctx := t.Context()
-	ageLedger(t, db.Pool, 11*time.Hour)
+	due := later(11 * time.Hour)
 	reader := db.Session(t)
 	tx, err := reader.Begin(ctx)
 	require.NoError(t, err)
 	_, err = tx.Exec(ctx, "SELECT count(*) FROM inbox_keys") // an operator's query, left open
 	require.NoError(t, err)
 
-	_, err = janitor.RotateKeys(ctx, db.Pool, 70*time.Hour, janitor.KeysLockWaitDefault)
+	_, err = janitor.RotateKeys(ctx, db.Pool, 70*time.Hour, janitor.KeysLockWaitDefault, due)
 	requireSQLState(t, err, "55P03", "lock_not_available")
 	require.NoError(t, tx.Rollback(ctx))
 	require.Equal(t, 1, db.Int(t, "SELECT count(*) FROM inbox_key_generations"))
 
-	generation, err := janitor.RotateKeys(ctx, db.Pool, 70*time.Hour, janitor.KeysLockWaitDefault)
+	generation, err := janitor.RotateKeys(ctx, db.Pool, 70*time.Hour, janitor.KeysLockWaitDefault, due)
 	require.NoError(t, err)
 	require.EqualValues(t, 2, generation)
 }
@@ -382,7 +392,7 @@ func TestARotationCutShortLeavesTheLedgerAsItWas(t *testing.T) {
 	const window = 70 * time.Hour
 	require.Equal(t, []string{"g1-a"}, store(t, db.Pool, "g1-a"))
 	exec(t, db.Pool, "DELETE FROM inbox") // its row left: only the ledger knows it
-	ageLedger(t, db.Pool, window/7+time.Minute)
+	due := later(window/7 + time.Minute)
 	generations := func() []string {
 		return db.Strings(t, "SELECT generation || ' ' || slot || ' ' || (closed_at IS NULL) FROM inbox_key_generations ORDER BY 1")
 	}
@@ -396,7 +406,7 @@ func TestARotationCutShortLeavesTheLedgerAsItWas(t *testing.T) {
 	_, err = tx.Exec(ctx, "LOCK TABLE inbox_key_hot_parts IN ROW EXCLUSIVE MODE")
 	require.NoError(t, err)
 	err = killWhileWaiting(t, db, func(conn *pgx.Conn) error {
-		_, err := janitor.RotateKeys(ctx, conn, window, 30*time.Second)
+		_, err := janitor.RotateKeys(ctx, conn, window, 30*time.Second, due)
 		return err
 	})
 	require.Error(t, err, "the rotation was cut short")
@@ -406,7 +416,7 @@ func TestARotationCutShortLeavesTheLedgerAsItWas(t *testing.T) {
 	require.Equal(t, []string{"8 writing 0", "9 empty -"}, hotParts(t, db), "its part still writing")
 	require.Empty(t, store(t, db.Pool, "g1-a"), "its keys remembered")
 
-	generation, err := janitor.RotateKeys(ctx, db.Pool, window, janitor.KeysLockWaitDefault)
+	generation, err := janitor.RotateKeys(ctx, db.Pool, window, janitor.KeysLockWaitDefault, due)
 	require.NoError(t, err)
 	require.EqualValues(t, 2, generation)
 	require.Equal(t, []string{"1 0 false", "2 1 true"}, generations())
