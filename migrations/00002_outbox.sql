@@ -13,8 +13,8 @@
 -- claim. A publish refused for a reason retrying will not change ends the
 -- row dead after the relay's maximum attempts, until an operator replays it.
 --
--- The indexes of an order's rows (order_key) are with the order objects;
--- the claim floor that bounds the relay's scan is in the floors area.
+-- The index of an order's open rows (order_key) is below, with the table;
+-- the claim floor that bounds the relay's scan is in 00003.
 
 -- The idempotency key is derived from the inbox message and the effect, so
 -- handling a message again (a replay, a redelivery under the same id) never

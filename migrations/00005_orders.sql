@@ -18,8 +18,9 @@
 -- session holding a row (an operator's open transaction) delays only the
 -- messages that need that row; it folds the moves into stock.available.
 --
--- Also here: the indexes on inbox.order_key and outbox.order_key that keep
--- each order's messages, and each order's effects, in arrival order.
+-- The indexes that keep each order's messages, and each order's effects, in
+-- arrival order are with their tables: inbox_order_key_open_idx (00001) and
+-- outbox_order_key_unpublished_idx (00002).
 
 -- order_confirmations holds one row per order: the outcome of handling it.
 -- The unique order_id is the domain's own defence against doubles: an order
