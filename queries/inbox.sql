@@ -406,11 +406,7 @@ WITH u AS (
                                THEN statement_timestamp() + u.retry_delay_ms * interval '1 millisecond'
                                ELSE inbox.next_attempt_at END
     FROM u
-    -- One probe of the primary key per message: "= ANY(ARRAY[u.id])" can
-    -- be neither hashed nor merged, so the only plan is a loop over u. As
-    -- "inbox.id = u.id", a plan made while the inbox was small hashed u
-    -- and read the inbox whole, and kept, did so once it had grown.
-    WHERE inbox.id = ANY(ARRAY[u.id])
+    WHERE inbox.id = u.id
     RETURNING inbox.id, inbox.replay_count, inbox.attempts, inbox.message_id, u.status
 )
 INSERT INTO inbox_attempts (inbox_id, run, attempt, message_id, outcome, error, result, process, build, started_at, finished_at)
