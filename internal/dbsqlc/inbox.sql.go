@@ -107,9 +107,12 @@ WITH target AS (
       AND CASE WHEN i.claimed_session IS NULL OR i.claimed_session = nullif($1::bigint, 0)
                THEN i.claimed_at < coalesce($2::timestamptz, now()) - make_interval(secs => $3::float8)
                ELSE i.claimed_session NOT IN (SELECT inbox_live_sessions()) END
+      -- A probe of the attempts' primary key per row (OFFSET 0 keeps the
+      -- planner from making it a join that reads every attempt).
       AND (NOT $4::boolean OR NOT EXISTS (
           SELECT 1 FROM inbox_attempts a
           WHERE a.inbox_id = i.id AND a.run = i.replay_count AND a.outcome = 'abandoned'
+          OFFSET 0
       ))
       AND (i.order_key IS NULL OR NOT EXISTS (
           SELECT 1 FROM inbox e
@@ -447,7 +450,10 @@ WITH m AS (
            CASE WHEN s.message_id IS NOT NULL THEN s.user_id ELSE bf.user_id END AS first_user
     FROM m
     JOIN batch_firsts bf ON bf.message_id = m.message_id
-    LEFT JOIN inbox s ON s.message_id = m.message_id
+    -- The stored message, one probe of its unique index per delivery
+    -- (OFFSET 0: a join could read the inbox whole).
+    LEFT JOIN LATERAL (SELECT s.message_id, s.user_id FROM inbox s
+                       WHERE s.message_id = m.message_id OFFSET 0) AS s ON true
     WHERE coalesce(m.reply_to, '') <> ''
 ), requests AS (
     INSERT INTO inbox_reply_requests (message_id, reply_to, correlation_id)
@@ -817,7 +823,11 @@ WITH scanned AS (
     ORDER BY r.id
     LIMIT $2
 )
-SELECT array(SELECT s.id FROM scanned s JOIN inbox i ON i.message_id = s.message_id
+SELECT array(SELECT s.id FROM scanned s
+             -- One probe of the message's unique index per request
+             -- (OFFSET 0: a join could read the inbox whole).
+             CROSS JOIN LATERAL (SELECT i.status FROM inbox i
+                                 WHERE i.message_id = s.message_id OFFSET 0) AS i
              WHERE i.status IN ('processed', 'dead') ORDER BY s.id)::bigint[] AS due_ids,
        coalesce((SELECT max(id) FROM scanned), 0)::bigint AS last_id,
        (SELECT count(*) FROM scanned)::integer AS scanned

@@ -42,11 +42,8 @@ var boundedTables = map[string]string{
 // StockReservedSkus and InboxRecordConflicts are, a statement leaves the
 // list.
 var replanned = map[string]string{
-	"InboxClaimUnfinished":           "its look-up of abandoned attempts is a join the planner may hash",
 	"InboxCompleteMany":              "the batch's ids joined to the rows it updates",
-	"InboxInsertMany":                "a reply request's look-up of its message, a join",
 	"InboxReplyAnswer":               "the requests' ids and their messages, joins",
-	"InboxReplyLeft":                 "the sweep's requests joined to their messages",
 	"JanitorDeleteConflicts":         "a retention's range, a seq scan while the table is empty",
 	"JanitorDeletePublished":         "a retention's range, a seq scan while the table is empty",
 	"JanitorDeleteReplyRequests":     "a retention's range, a seq scan while the table is empty",
