@@ -118,7 +118,7 @@ BEGIN
                        'inbox_keys_' || slot, slot);
     END LOOP;
     -- The hot parts. Their rows leave by TRUNCATE within hours, so vacuum
-    -- need not visit them (inbox_keep_statistics gives them statistics).
+    -- need not visit them (inbox_keys_analyze_parts gives them statistics).
     FOR part IN 8..9 LOOP
         EXECUTE format('CREATE TABLE %I PARTITION OF inbox_keys FOR VALUES IN (%s) WITH (autovacuum_enabled = false)',
                        'inbox_keys_' || part, part);
@@ -217,59 +217,39 @@ AFTER INSERT ON inbox
 REFERENCING NEW TABLE AS new_rows
 FOR EACH STATEMENT EXECUTE FUNCTION inbox_keys_remember();
 
--- inbox_keep_statistics gives the schema's tables statistics where
--- autovacuum may not, and returns how many it analyzed; the leader calls it
--- every 2 s. Two rules:
---
---   * A hot part of the key ledger is analyzed once it holds keys (a page
---     of them), if it has no statistics. Without them the planner takes 1
---     in 200 of a part's keys to match each id probed: the ingest
---     statement's probe read the whole part by a sequential scan for each
---     batch, and a large part pushed each statement over JIT's threshold
---     (45 ms of compilation a statement). A part's ids are all distinct,
---     and its statistics say so once (n_distinct -1): they stay through
---     its TRUNCATEs and scale with its size. Autovacuum is off on the parts.
---   * Any other table of the schema is analyzed once it holds 1,000 rows,
---     if it was never analyzed, and again each time it has grown tenfold
---     since (live rows against pg_class.reltuples, which vacuum and ANALYZE
---     set). An ANALYZE also makes every session plan again the statements
---     that read the table, so a plan kept from when the table was small is
---     made again for it as it is, at most tenfold later. Where autovacuum
---     runs, it analyzes a table long before it has grown tenfold, and this
---     finds nothing to do. ANALYZE (SKIP_LOCKED) leaves a table that
---     autovacuum is working on to the next look.
---
--- ANALYZE needs the owner's right, so it runs as the owner (SECURITY
--- DEFINER), takes no argument, names catalog objects in full, and its
--- search_path is pinned below to this schema then pg_temp, and it is kept
+-- inbox_keys_analyze_parts gives each hot part statistics once it holds
+-- keys (a page of them), if it has none, and returns how many it analyzed;
+-- the janitors call it. Without statistics the planner takes 1 in 200 of a
+-- part's keys to match each id probed: the ingest statement's probe read
+-- the whole part by a sequential scan for each batch, and a large part
+-- pushed each statement over JIT's threshold (45 ms of compilation a
+-- statement). A part's ids are
+-- all distinct, and its statistics say so once (n_distinct -1): they stay
+-- through its TRUNCATEs and scale with its size. Autovacuum is off on the
+-- parts, so it runs ANALYZE itself; ANALYZE needs the owner's right, so it
+-- runs as the owner (SECURITY DEFINER), names catalog objects in full, and
+-- its search_path is pinned below to this schema then pg_temp, and it is kept
 -- from PUBLIC.
 -- +goose StatementBegin
-CREATE FUNCTION inbox_keep_statistics() RETURNS integer
+CREATE FUNCTION inbox_keys_analyze_parts() RETURNS integer
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path FROM CURRENT
 AS $$
 DECLARE
-    tbl      text;
+    p        smallint;
+    part     text;
     analyzed integer := 0;
 BEGIN
-    FOR tbl IN
-        SELECT 'inbox_keys_' || h.part FROM inbox_key_hot_parts h
-        WHERE pg_catalog.pg_relation_size(pg_catalog.format('%I.%I', pg_catalog.current_schema(), 'inbox_keys_' || h.part)::pg_catalog.regclass) > 0
-          AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stats s
-                          WHERE s.schemaname = pg_catalog.current_schema() AND s.tablename = 'inbox_keys_' || h.part
-                            AND s.attname = 'message_id')
-        UNION ALL
-        SELECT c.relname FROM pg_catalog.pg_class c
-        JOIN pg_catalog.pg_stat_all_tables t ON t.relid = c.oid
-        WHERE c.relnamespace = pg_catalog.current_schema()::pg_catalog.regnamespace
-          AND c.relkind = 'r' AND NOT c.relispartition
-          AND t.n_live_tup >= 1000
-          AND (c.reltuples < 0 OR t.n_live_tup >= 10 * c.reltuples)
-        ORDER BY 1
-    LOOP
-        EXECUTE pg_catalog.format('ANALYZE (SKIP_LOCKED) %I.%I', pg_catalog.current_schema(), tbl);
-        analyzed := analyzed + 1;
+    FOR p IN SELECT h.part FROM inbox_key_hot_parts h ORDER BY h.part LOOP
+        part := 'inbox_keys_' || p;
+        IF pg_catalog.pg_relation_size(pg_catalog.format('%I.%I', pg_catalog.current_schema(), part)::pg_catalog.regclass) > 0
+           AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_stats s
+                           WHERE s.schemaname = pg_catalog.current_schema() AND s.tablename = part
+                             AND s.attname = 'message_id') THEN
+            EXECUTE pg_catalog.format('ANALYZE %I.%I', pg_catalog.current_schema(), part);
+            analyzed := analyzed + 1;
+        END IF;
     END LOOP;
     RETURN analyzed;
 END;
@@ -281,8 +261,8 @@ $$;
 -- +goose StatementBegin
 DO $$
 BEGIN
-    EXECUTE format('ALTER FUNCTION inbox_keep_statistics() SET search_path = %I, pg_temp', current_schema());
+    EXECUTE format('ALTER FUNCTION inbox_keys_analyze_parts() SET search_path = %I, pg_temp', current_schema());
 END;
 $$;
 -- +goose StatementEnd
-REVOKE ALL ON FUNCTION inbox_keep_statistics() FROM PUBLIC;
+REVOKE ALL ON FUNCTION inbox_keys_analyze_parts() FROM PUBLIC;

@@ -162,7 +162,7 @@ BEGIN
         GRANT INSERT, UPDATE (session, since) ON inbox_leader TO inbox_service;
         EXECUTE format('GRANT SELECT ON %s, %s TO inbox_service',
                        pg_get_serial_sequence('inbox', 'id'), pg_get_serial_sequence('outbox', 'id'));
-        GRANT EXECUTE ON FUNCTION claim_floor_lower(text, bigint), inbox_keep_statistics() TO inbox_service;
+        GRANT EXECUTE ON FUNCTION claim_floor_lower(text, bigint), inbox_keys_analyze_parts() TO inbox_service;
         granted := granted || 'inbox_service'::text;
     END IF;
 

@@ -239,12 +239,11 @@ UPDATE inbox_key_hot_parts SET state = 'empty', slot = NULL, since = clock_times
 WHERE part = (SELECT m.part FROM inbox_key_hot_parts m WHERE m.state = 'merged' LIMIT 1 FOR UPDATE SKIP LOCKED)
 RETURNING part;
 
--- name: JanitorKeepStatistics :one
--- JanitorKeepStatistics analyzes the tables that need statistics (the key
--- ledger's hot parts once they hold keys, the others once they hold 1,000
--- rows and at each tenfold growth), and returns how many it analyzed (see
--- inbox_keep_statistics).
-SELECT inbox_keep_statistics()::integer AS analyzed;
+-- name: JanitorAnalyzeKeys :one
+-- JanitorAnalyzeKeys gives the key ledger's hot parts statistics once they
+-- hold some keys, and returns how many it analyzed (see
+-- inbox_keys_analyze_parts).
+SELECT inbox_keys_analyze_parts()::integer AS analyzed;
 
 -- name: JanitorKeysCoverWindow :one
 -- JanitorKeysCoverWindow reports whether the key ledger has remembered

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/orderconfirm/inboxd/internal/loadgen"
+	"github.com/orderconfirm/inboxd/internal/pipeline"
 )
 
 // tableReads is what the statements of every session read of one table:
@@ -158,15 +159,13 @@ func TestStatementsReadIndexesOnceTheTablesHaveGrown(t *testing.T) {
 		require.NoError(t, err, q)
 	}
 
-	// inboxd's connections keep the plans they made while the tables were
-	// small (pipeline.KeepPlans), until the leader's ANALYZE of a table
-	// grown tenfold plans them again (janitor.KeepStatistics, every 2 s).
-	// A backend reports what its statements read once it has been idle
-	// for 10 seconds at most, and when it ends: wait that long for
+	// inboxd's connections keep their plans for pipeline.ReplanEvery at
+	// most. A backend reports what its statements read once it has been
+	// idle for 10 seconds at most, and when it ends: wait that long for
 	// inboxd's sessions to report the rounds before, then stop inboxd to
-	// count the next one. The claim floors rise past the history
-	// meanwhile, as they do within a second of a batch.
-	time.Sleep(11 * time.Second)
+	// count the next one. The claim floors rise past the history meanwhile,
+	// as they do within a second of a batch.
+	time.Sleep(max(pipeline.ReplanEvery, 10*time.Second) + time.Second)
 	reads := b.readsWhile(t, p, func() { publish(3) })
 
 	for table, r := range reads {

@@ -12,6 +12,20 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
+const JanitorAnalyzeKeys = `-- name: JanitorAnalyzeKeys :one
+SELECT inbox_keys_analyze_parts()::integer AS analyzed
+`
+
+// JanitorAnalyzeKeys gives the key ledger's hot parts statistics once they
+// hold some keys, and returns how many it analyzed (see
+// inbox_keys_analyze_parts).
+func (q *Queries) JanitorAnalyzeKeys(ctx context.Context, db DBTX) (int32, error) {
+	row := db.QueryRow(ctx, JanitorAnalyzeKeys)
+	var analyzed int32
+	err := row.Scan(&analyzed)
+	return analyzed, err
+}
+
 const JanitorDeleteConflicts = `-- name: JanitorDeleteConflicts :execrows
 DELETE FROM inbox_conflicts
 WHERE id IN (
@@ -213,21 +227,6 @@ func (q *Queries) JanitorDeleteUndeliverable(ctx context.Context, db DBTX, arg J
 		return 0, err
 	}
 	return result.RowsAffected(), nil
-}
-
-const JanitorKeepStatistics = `-- name: JanitorKeepStatistics :one
-SELECT inbox_keep_statistics()::integer AS analyzed
-`
-
-// JanitorKeepStatistics analyzes the tables that need statistics (the key
-// ledger's hot parts once they hold keys, the others once they hold 1,000
-// rows and at each tenfold growth), and returns how many it analyzed (see
-// inbox_keep_statistics).
-func (q *Queries) JanitorKeepStatistics(ctx context.Context, db DBTX) (int32, error) {
-	row := db.QueryRow(ctx, JanitorKeepStatistics)
-	var analyzed int32
-	err := row.Scan(&analyzed)
-	return analyzed, err
 }
 
 const JanitorKeysClose = `-- name: JanitorKeysClose :execrows

@@ -280,18 +280,18 @@ func TestAPartThatHoldsKeysGetsStatistics(t *testing.T) {
 	kept := make(chan struct{})
 	go func() {
 		defer close(kept)
-		janitor.KeepStatistics(ctx, db.Pool, testenv.Logger(t))
+		janitor.KeepKeyStatistics(ctx, db.Pool, testenv.Logger(t))
 	}()
 	analyzed := func() []string {
 		return db.Strings(t, `SELECT tablename || ' ' || n_distinct FROM pg_stats
 			WHERE schemaname = current_schema() AND tablename LIKE 'inbox\_keys\__' AND attname = 'message_id'`)
 	}
-	require.Eventually(t, func() bool { return len(analyzed()) > 0 }, 3*janitor.StatisticsEvery, 50*time.Millisecond)
+	require.Eventually(t, func() bool { return len(analyzed()) > 0 }, 3*janitor.KeyStatisticsEvery, 50*time.Millisecond)
 	cancel()
 	<-kept
 	require.Equal(t, 1, probeRows())
 	require.Equal(t, []string{"inbox_keys_8 -1"}, analyzed())
-	require.Zero(t, db.Int(t, "SELECT inbox_keep_statistics()"), "once")
+	require.Zero(t, db.Int(t, "SELECT inbox_keys_analyze_parts()"), "once")
 }
 
 // The gauge inboxd_inbox_key_hot_part_waiting_seconds says how long a part has

@@ -52,7 +52,7 @@ func TestDefinerFunctionsAreClosed(t *testing.T) {
 // the hijack test, so that a new one is tried too.
 var definerArguments = map[string]string{
 	"claim_floor_lower(text,bigint)": "'inbox', 0",
-	"inbox_keep_statistics()":        "",
+	"inbox_keys_analyze_parts()":     "",
 }
 
 // A login of each role (the service's, the operators', and one of none,

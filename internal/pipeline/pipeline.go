@@ -93,7 +93,7 @@ func New(cfg *Config) (*Pipeline, error) {
 			return nil, err
 		}
 		keyStats := func(ctx context.Context) {
-			janitor.KeepStatistics(ctx, cfg.IngestPool, logger.With(slog.String("component", "statistics")))
+			janitor.KeepKeyStatistics(ctx, cfg.IngestPool, logger.With(slog.String("component", "inbox.keys")))
 		}
 		if cfg.Leader != nil {
 			maintenance = append(maintenance, keyStats)

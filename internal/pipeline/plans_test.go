@@ -32,15 +32,14 @@ var boundedTables = map[string]string{
 }
 
 // replanned are the statements whose plan, made for any parameters on
-// empty tables, reads a growing table whole: kept, it would go on doing so
-// once the table has grown. They rely on ANALYZE to be planned again for
-// the tables as they are: autovacuum's, or, where it does not run, the
-// leader's, once a table holds 1,000 rows and at each tenfold growth
-// (janitor.KeepStatistics; cmd/inboxd's
+// empty tables, reads a growing table whole: kept, it would go on doing
+// so once the table has grown. The pools drop their plans every
+// pipeline.ReplanEvery, so such a plan is made again for the tables as
+// they are within seconds (cmd/inboxd's
 // TestStatementsReadIndexesOnceTheTablesHaveGrown holds the flow's to
 // that). Rewritten to probe an index per key whatever the plan, as
 // StockReservedSkus and InboxRecordConflicts are, a statement leaves the
-// list.
+// list; once it is empty the pools may keep their plans for good.
 var replanned = map[string]string{
 	"InboxCompleteMany":              "the batch's ids joined to the rows it updates",
 	"InboxReplyAnswer":               "the requests' ids and their messages, joins",
@@ -62,8 +61,8 @@ var replanned = map[string]string{
 // keeps a plan made for any parameters once it is no dearer than those
 // made for the first five calls' own. A plan made while the tables were
 // empty, kept, must still read them by index once they hold millions of
-// rows: on a server without autovacuum only the leader's ANALYZEs plan
-// it again, and at most tenfold later. So every statement the service runs is planned here as
+// rows: on a server without autovacuum nothing but the pools' replanning
+// plans it again. So every statement the service runs is planned here as
 // PostgreSQL would keep it (a generic plan), on the schema as a migration
 // leaves it (no rows, no statistics), and its plan may read a table that
 // grows with the traffic only through index conditions: no sequential

@@ -1,6 +1,7 @@
 package pipeline
 
 import (
+	"context"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -14,11 +15,12 @@ import (
 //
 // Each statement is sent as an unnamed prepared statement (pgx's
 // QueryExecModeCacheDescribe), so PostgreSQL plans it for its parameters
-// and the tables as they are; the pools keep their plans instead (see
-// KeepPlans). The sessions change nothing of the planner's:
+// and the tables as they are; the pools keep their plans for a while
+// instead (see KeepPlans). The sessions change nothing of the planner's:
 // the statements are written so that the planner reads by index where an
-// index serves, with or without statistics, and the service gives its
-// tables statistics itself where autovacuum may not (inbox_keep_statistics). TestStatementsReadIndexesOnceTheTablesHaveGrown
+// index serves, with or without statistics, and the service gives the key
+// ledger's hot parts statistics itself (inbox_keys_analyze_parts), since
+// autovacuum leaves them alone. TestStatementsReadIndexesOnceTheTablesHaveGrown
 // and TestAHeldSnapshotDoesNotGrowWhatAnOrderReads hold the plans to that
 // on tables nobody vacuums or analyzes; BENCHMARKS.md ("The planner left
 // alone") has the figures against the sessions that turned sequential and
@@ -39,9 +41,17 @@ func ConfigureSession(cc *pgx.ConnConfig) {
 	}
 }
 
+// ReplanEvery is how long a pool's connection keeps the plans of its
+// statements (see KeepPlans).
+const ReplanEvery = 10 * time.Second
+
+// plansSince is the key, in a connection's pgconn.PgConn.CustomData, of
+// the time its statements' plans were last dropped.
+const plansSince = "inboxd.plans_since"
+
 // KeepPlans sets up a pool whose connections ConfigureSession configured
-// to prepare each statement once and keep it, with its plan, for the
-// connection's life (pgxpool's MaxConnLifetime, an hour by default).
+// to prepare each statement once and keep its plan, and to drop every plan
+// of a connection that is ReplanEvery old when the pool hands it out.
 //
 // Planning each statement anew at each call took about a quarter of
 // PostgreSQL's CPU an order (pg_stat_statements, planning time: 13.5 s of
@@ -50,24 +60,41 @@ func ConfigureSession(cc *pgx.ConnConfig) {
 // and the key ledger's partitions, and cost 0.4-0.7 ms each to plan.
 // Prepared, a statement is planned for its parameters five times, then,
 // when no cheaper for them, once for any parameters, and that plan is
-// kept; a change to a table's definition or its statistics (an ANALYZE,
-// autovacuum's or an operator's) plans it again.
+// kept; a change to a table's definition or its statistics replans it.
 //
-// A plan kept from when the tables were small must not read them whole
-// once they have grown. Where autovacuum runs, its ANALYZEs plan the
-// statements again as the tables grow; where it does not, the leader's
-// (janitor.KeepStatistics) do, once a table holds 1,000 rows and at each
-// tenfold growth since. And the statements that look up a batch's keys in
-// a large table are written, where they can be, as a probe per key that
-// the planner may not turn into a hash join over the table (a lateral
-// subquery, OFFSET 0). TestStatementsReadIndexesOnceTheTablesHaveGrown
-// holds the flow's statements to that, planned on an empty schema and run
-// after every table has grown by 100,000 rows;
-// TestEveryStatementsKeptPlanReadsGrowingTablesByIndex lists those whose
-// plan made on empty tables would read a table whole, and so rely on the
-// ANALYZEs.
-func KeepPlans(pc *pgxpool.Config) {
+// Without statistics (a server that runs without autovacuum, or a table
+// too young for it) nothing would replan it, and a plan kept from when the
+// tables were small may read them whole once they have grown:
+// TestStatementsReadIndexesOnceTheTablesHaveGrown saw a claim scan every
+// processed message (8.8 million rows for 300 orders, a plan made while
+// the inbox was empty), and in one run an anti-join read every attempt of
+// inbox_attempts by index (302,165 entries). So a connection keeps its
+// plans for ReplanEvery at most, then makes them again for the tables as
+// they are: a few statements' planning every ten seconds.
+func KeepPlans(pc *pgxpool.Config) { keepPlansFor(pc, ReplanEvery) }
+
+// keepPlansFor is KeepPlans with the plans kept for d.
+func keepPlansFor(pc *pgxpool.Config, d time.Duration) {
 	pc.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheStatement
+	pc.PrepareConn = func(ctx context.Context, conn *pgx.Conn) (bool, error) {
+		data := conn.PgConn().CustomData()
+		since, ok := data[plansSince].(time.Time)
+		if ok && time.Since(since) < d {
+			return true, nil
+		}
+		if ok {
+			if err := conn.DeallocateAll(ctx); err != nil {
+				// The connection is broken, ctx ended, or something between
+				// refuses DEALLOCATE ALL (a pooler that does not track
+				// prepared statements). pgx has forgotten the statements
+				// already, so the connection cannot be used: the pool
+				// closes it and opens another, whose statements are new.
+				return false, nil
+			}
+		}
+		data[plansSince] = time.Now()
+		return true, nil
+	}
 }
 
 // strongCommit are the synchronous_commit values stronger than "on", kept

@@ -1,0 +1,4 @@
+package pipeline
+
+// KeepPlansFor is keepPlansFor, for the tests.
+var KeepPlansFor = keepPlansFor
