@@ -33,7 +33,9 @@ import (
 // round's entries plus four an order, and the second at most the first
 // plus one entry for each of the 9,000 orders that ended between them.
 // A statement that read the ended rows' entries twice a round or more
-// fails at the second. Under the race detector the test is skipped: the
+// fails at the second. The key ledger's hot parts are held to the index
+// bounds only: a merge reads a sealed part whole, by design, and the
+// snapshot does not grow it. Under the race detector the test is skipped: the
 // counts are the SQL's, and a race-built inboxd's scheduling only adds
 // noise (the same statements run under it in the other tests).
 //
@@ -75,6 +77,16 @@ func TestAHeldSnapshotDoesNotGrowWhatAnOrderReads(t *testing.T) {
 		return b.readsWhile(t, p, func() { publish(orders) })
 	}
 
+	// A merge of the key ledger reads its sealed hot part whole, a range of
+	// hash buckets at a time, by design: what it reads is the keys stored
+	// since the part was last emptied, which no snapshot grows (a part's
+	// rows are never updated or deleted, only truncated), and whether a
+	// merge lands in a counted window depends on when the part filled.
+	hotParts := map[string]bool{}
+	for _, part := range b.db.Strings(t, "SELECT 'inbox_keys_' || part FROM inbox_key_hot_parts") {
+		hotParts[part] = true
+	}
+
 	clean := counted(orders) // plans made, floors raised
 	b.db.HoldSnapshot(t)
 	const ended, more = 3000, 9000
@@ -91,7 +103,9 @@ func TestAHeldSnapshotDoesNotGrowWhatAnOrderReads(t *testing.T) {
 		}{{ended, h}, {ended + more, m}} {
 			require.LessOrEqual(t, r.reads.idx, 4*c.idx+4*orders, "%s: index entries read for %d orders with %d ended under a held snapshot, against %d before it", table, orders, r.ended, c.idx)
 			require.LessOrEqual(t, r.reads.scans, c.scans+10, "%s: sequential scans for %d orders with %d ended under a held snapshot, against %d before it", table, orders, r.ended, c.scans)
-			require.LessOrEqual(t, r.reads.seq, 2*c.seq+2*orders, "%s: rows read by sequential scans for %d orders with %d ended under a held snapshot, against %d before it", table, orders, r.ended, c.seq)
+			if !hotParts[table] {
+				require.LessOrEqual(t, r.reads.seq, 2*c.seq+2*orders, "%s: rows read by sequential scans for %d orders with %d ended under a held snapshot, against %d before it", table, orders, r.ended, c.seq)
+			}
 		}
 		require.LessOrEqual(t, m.idx, h.idx+more, "%s: index entries read for %d orders with %d ended under a held snapshot, against %d with %d", table, orders, ended+more, h.idx, ended)
 	}
