@@ -6,6 +6,7 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"maps"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -88,7 +89,7 @@ func TestEveryStatementsKeptPlanReadsGrowingTablesByIndex(t *testing.T) {
 	require.Greater(t, len(statements), 50, "the statements of internal/dbsqlc")
 	checked := 0
 	var failures []string
-	for _, name := range slices.Sorted(mapsKeys(statements)) {
+	for _, name := range slices.Sorted(maps.Keys(statements)) {
 		sql := statements[name]
 		if _, err := conn.Exec(ctx, "PREPARE kept AS "+sql); err != nil {
 			// PREPARE takes SELECT, INSERT, UPDATE and DELETE; the rest
@@ -223,14 +224,4 @@ func generatedStatements(t *testing.T) map[string]string {
 		}
 	}
 	return out
-}
-
-func mapsKeys[K comparable, V any](m map[K]V) func(func(K) bool) {
-	return func(yield func(K) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
-	}
 }
