@@ -2,10 +2,12 @@ package main
 
 import (
 	"context"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/orderconfirm/inboxd/internal/loadgen"
@@ -25,7 +27,11 @@ func TestTheLeadMovesWhenTheLeaderDiesOrFreezes(t *testing.T) {
 	t.Parallel()
 	b := setupIn(t, testenv.NewDBAlone(t))
 	start := func(name string) (*process, string) {
-		return startServing(t, b, "DATABASE_URL="+withApplicationName(t, b.db.URL, name), "INBOX_STOCK_FOLD_INTERVAL=1s")
+		// The heartbeat of the freeze tests: RabbitMQ hands a frozen
+		// replica's queue over once it misses two to three of them, which
+		// at the default 10 s takes most of the wait for the floor to move.
+		return startServing(t, b, "DATABASE_URL="+withApplicationName(t, b.db.URL, name),
+			"INBOX_STOCK_FOLD_INTERVAL=1s", "INBOX_AMQP_HEARTBEAT=2s")
 	}
 	leaderName := func() string { return b.leader(t) }
 	waitLeader := func(want string, within time.Duration, since time.Time) time.Duration {
@@ -47,10 +53,20 @@ func TestTheLeadMovesWhenTheLeaderDiesOrFreezes(t *testing.T) {
 	movesOn := func(who string) {
 		t.Helper()
 		floor, folded := maintained()
-		require.Eventually(t, func() bool {
+		stored := b.count(t, "SELECT count(*) FROM inbox")
+		if !assert.Eventually(t, func() bool {
 			f, s := maintained()
 			return f > floor && s > folded
-		}, 20*time.Second, 100*time.Millisecond, "the claim floor and the stock fold move on with %s leading", who)
+		}, 20*time.Second, 100*time.Millisecond, "the claim floor and the stock fold move on with %s leading", who) {
+			f, s := maintained()
+			t.Fatalf("claim floor %d → %d, moves folded %d → %d, messages stored %d → %d; transactions open for over a second:\n%s",
+				floor, f, folded, s, stored, b.count(t, "SELECT count(*) FROM inbox"), strings.Join(b.db.Strings(t, `
+				SELECT format('%s pid %s %s for %s, waiting on %s: %s', application_name, pid, state,
+					now() - xact_start, coalesce(wait_event_type || '/' || wait_event, 'nothing'), left(query, 200))
+				FROM pg_stat_activity
+				WHERE datname = current_database() AND xact_start < now() - interval '1 second'
+				ORDER BY xact_start`), "\n"))
+		}
 	}
 
 	a, aAddr := start("a")

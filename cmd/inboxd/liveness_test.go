@@ -34,8 +34,9 @@ func TestALockedStockRowStallsOnlyItsOrders(t *testing.T) {
 		_, err := db.Pool.Exec(t.Context(), "INSERT INTO stock (sku, available) VALUES ($1, $2)", fmt.Sprintf("NSKU-%d", i), initialStock)
 		require.NoError(t, err)
 	}
-	addr := freeAddr(t)
-	startProcess(t, serviceEnv(db, broker, "HTTP_ADDR="+addr))
+	// Ready first: consuming, with the relay connected. A loaded machine
+	// takes seconds to get there, which the waits below must not spend.
+	_, addr := startServing(t, b)
 
 	// Orders at 30 a second, round robin over the SKUs, from before the lock
 	// until a while after it.
@@ -53,7 +54,11 @@ func TestALockedStockRowStallsOnlyItsOrders(t *testing.T) {
 	go func() { published <- loadgen.PublishPaced(t.Context(), broker.URL, msgs, 10, perSecond) }()
 	publishedAt := func(i int) time.Time { return started.Add(time.Duration(i) * time.Second / perSecond) }
 
-	time.Sleep(2 * time.Second)
+	// The lock is taken once orders flow, and two seconds into them at the
+	// earliest.
+	require.Eventually(t, func() bool { return b.count(t, "SELECT count(*) FROM inbox WHERE status = 'processed'") > 0 },
+		30*time.Second, 50*time.Millisecond, "orders processed before the lock")
+	time.Sleep(time.Until(started.Add(2 * time.Second)))
 	tx, err := db.Pool.Begin(t.Context())
 	require.NoError(t, err)
 	defer func() { _ = tx.Rollback(context.WithoutCancel(t.Context())) }()
@@ -61,13 +66,14 @@ func TestALockedStockRowStallsOnlyItsOrders(t *testing.T) {
 	require.NoError(t, err)
 	lockedAt := time.Now()
 
-	// While it is held, the waiting orders say why.
+	// While it is held, the waiting orders say why. The lock is held until
+	// they do, however long a loaded machine takes, and for hold at least.
 	require.Eventually(t, func() bool {
 		return b.count(t, `SELECT count(*) FROM inbox WHERE status = 'pending'
 			AND last_error = 'waiting: stock row NSKU-1 locked by another session'`) > 0
-	}, hold/2, 50*time.Millisecond, "an order of the locked SKU waits with its reason")
+	}, 30*time.Second, 50*time.Millisecond, "an order of the locked SKU waits with its reason")
 	require.Eventually(t, func() bool { return scrape(t, addr)[`inboxd_inbox_handled_total{outcome="waiting"}`] > 0 },
-		hold/2, 50*time.Millisecond, "the waits are counted")
+		30*time.Second, 50*time.Millisecond, "the waits are counted")
 	time.Sleep(time.Until(lockedAt.Add(hold)))
 
 	// Every other SKU's order published while the lock was held is
