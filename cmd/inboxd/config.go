@@ -73,8 +73,8 @@ type config struct {
 	statementTimeout time.Duration
 	lockTimeout      time.Duration
 	idleInTxTimeout  time.Duration
-	// workerIdleInTx is the idle_in_transaction_session_timeout of the
-	// workers' connections.
+	// workerIdleInTx is the idle_in_transaction_session_timeout of every
+	// pool's connections but the relay's (see waitsOutside).
 	workerIdleInTx   time.Duration
 	dbConnectTimeout time.Duration
 
@@ -141,8 +141,8 @@ func (c *config) settings() []setting {
 		{name: "INBOX_RELAY_LEASE", def: durationString(outbox.LeaseDefault), doc: "how long a claim on outbox rows left by an earlier build's relay is respected (this build holds rows by a lock that ends with the relay's connection, or with `INBOX_IDLE_IN_TX_TIMEOUT` if the relay hangs; they are then published again, under the same ids)", apply: durationVar(&c.relayLease, time.Second)},
 		{name: "INBOX_STATEMENT_TIMEOUT", def: "30s", doc: "PostgreSQL statement_timeout of every connection", apply: durationVar(&c.statementTimeout, time.Millisecond)},
 		{name: "INBOX_LOCK_TIMEOUT", def: "5s", doc: "PostgreSQL lock_timeout of every connection: no lock wait lasts longer; a message whose handling runs into it waits and is tried again without losing an attempt", apply: durationVar(&c.lockTimeout, time.Millisecond)},
-		{name: "INBOX_IDLE_IN_TX_TIMEOUT", def: "60s", doc: "PostgreSQL idle_in_transaction_session_timeout of the relay's connections and the others but the workers'; at least 15s, as the relay waits for the broker's confirms in its transaction", apply: durationVar(&c.idleInTxTimeout, time.Millisecond)},
-		{name: "INBOX_WORKER_IDLE_IN_TX_TIMEOUT", def: "5s", doc: "PostgreSQL idle_in_transaction_session_timeout of the workers' connections, whose transactions wait on nothing outside PostgreSQL: a replica frozen between two statements of a batch (a VM pause, a stopped process) holds the rows its batch locked, such as the stock rows every order of their SKUs needs, this long", apply: durationVar(&c.workerIdleInTx, time.Second)},
+		{name: "INBOX_IDLE_IN_TX_TIMEOUT", def: "60s", doc: "PostgreSQL idle_in_transaction_session_timeout of the relay's connections; at least 15s, as the relay waits for the broker's confirms in its transaction", apply: durationVar(&c.idleInTxTimeout, time.Millisecond)},
+		{name: "INBOX_WORKER_IDLE_IN_TX_TIMEOUT", def: "5s", doc: "PostgreSQL idle_in_transaction_session_timeout of every connection but the relay's (the workers', the leader's maintenance's, ingest's, the gauges' and the status page's), whose transactions wait on nothing outside PostgreSQL: a replica frozen between two statements of one (a VM pause, a stopped process) holds the rows and locks it took this long, such as the stock rows every order of their SKUs needs, or a key-ledger rotation's lock every insert waits for", apply: durationVar(&c.workerIdleInTx, time.Second)},
 		{name: "INBOX_DB_CONNECT_TIMEOUT", def: "5s", doc: "bound on opening one PostgreSQL connection", apply: durationVar(&c.dbConnectTimeout, time.Millisecond)},
 		{name: "INBOX_RETENTION", def: durationString(janitor.RetentionDefault), doc: "how long processed messages (with their payloads, for replay), their attempt history, published outbox rows and conflict records are kept; their ids are remembered for INBOX_DEDUPE_WINDOW either way", apply: durationVar(&c.retention, time.Second)},
 		{name: "INBOX_DEAD_RETENTION", def: durationString(janitor.DeadRetentionDefault), doc: "how long dead messages are kept unless replayed; at least INBOX_RETENTION", apply: durationVar(&c.deadRetention, time.Second)},

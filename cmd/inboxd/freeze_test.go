@@ -131,3 +131,60 @@ func TestAFrozenReplicaHoldsTheRowsItLockedForSecondsOnly(t *testing.T) {
 	require.Zero(t, b.count(t, "SELECT count(*) FROM inbox WHERE status <> 'processed'"))
 	require.False(t, frozen.exited(), "the resumed replica goes on")
 }
+
+// Acceptance: a leader frozen (SIGSTOP) in the middle of a key-ledger
+// rotation, which empties the next slot with TRUNCATE and so holds a lock
+// every insert into the inbox waits for, holds up inserts for
+// INBOX_WORKER_IDLE_IN_TX_TIMEOUT only, not for the relay's
+// INBOX_IDLE_IN_TX_TIMEOUT (60 s): the maintenance's transactions wait on
+// nothing outside PostgreSQL, as the workers' do. Every transaction the
+// frozen process holds, but its relay's, ends as soon.
+func TestAFrozenLeaderHoldsUpInsertsForSecondsOnly(t *testing.T) {
+	t.Parallel()
+	const idle, search = 2 * time.Second, 60 * time.Second
+	b := setupIn(t, testenv.NewDBAlone(t))
+	// A window of a second rotates the ledger every seventh of it, and the
+	// janitor looks every 50 ms: a rotation every few hundred ms.
+	leader := startProcess(t, serviceEnv(b.db, b.broker, "DATABASE_URL="+withApplicationName(t, b.db.URL, "frozen"),
+		"INBOX_DEDUPE_WINDOW=1s", "INBOX_JANITOR_INTERVAL=50ms",
+		fmt.Sprintf("INBOX_WORKER_IDLE_IN_TX_TIMEOUT=%s", idle), "INBOX_IDLE_IN_TX_TIMEOUT=60s"))
+	t.Cleanup(func() { _ = leader.cmd.Process.Signal(syscall.SIGCONT) })
+
+	// A lock on a partition of the ledger held exclusively by one of its
+	// sessions: a rotation between its TRUNCATE and its commit.
+	const heldQuery = `
+		SELECT count(*) FROM pg_locks l
+		JOIN pg_stat_activity a ON a.pid = l.pid
+		JOIN pg_class c ON c.oid = l.relation
+		WHERE a.application_name LIKE 'frozen %' AND l.granted AND l.mode = 'AccessExclusiveLock'
+		  AND c.relname LIKE 'inbox\_keys\_%'`
+	var frozenAt time.Time
+	for deadline := time.Now().Add(search); frozenAt.IsZero(); {
+		require.True(t, time.Now().Before(deadline), "the leader was never caught in a rotation")
+		if b.count(t, heldQuery) == 0 {
+			continue
+		}
+		require.NoError(t, leader.cmd.Process.Signal(syscall.SIGSTOP))
+		time.Sleep(100 * time.Millisecond) // a COMMIT sent just before is through by now
+		if b.count(t, heldQuery) > 0 {
+			frozenAt = time.Now()
+			break
+		}
+		require.NoError(t, leader.cmd.Process.Signal(syscall.SIGCONT))
+	}
+
+	// Another writer's insert (another replica's ingest, an operator's)
+	// waits for the frozen rotation, until PostgreSQL ends it.
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	_, err := b.db.Pool.Exec(ctx, "INSERT INTO inbox (message_id, message_type, payload) VALUES ('after-the-freeze', 'order.created', '{}')")
+	require.NoError(t, err, "an insert %s after the leader froze in a rotation", time.Since(frozenAt).Round(time.Millisecond))
+	t.Logf("an insert went through %s after the leader froze in a rotation", time.Since(frozenAt).Round(time.Millisecond))
+	// By then, or soon after, no transaction of the frozen process is open
+	// but its relay's, which waits for the broker's confirms.
+	require.Eventually(t, func() bool {
+		return b.count(t, `SELECT count(*) FROM pg_stat_activity
+			WHERE application_name LIKE 'frozen %' AND application_name <> 'frozen relay' AND xact_start IS NOT NULL`) == 0
+	}, idle+5*time.Second, 100*time.Millisecond, "the frozen leader's transactions end")
+	require.Less(t, time.Since(frozenAt), idle+8*time.Second, "the frozen leader's transactions end within the idle limit")
+}

@@ -20,9 +20,12 @@ type pools struct {
 	ingest *pgxpool.Pool
 	// worker claims and handles the inbox (workerPoolSize).
 	worker *pgxpool.Pool
-	// relay is shared by the outbox relay and the janitor
-	// (relayPoolSize): neither is on the path of ingest or the workers.
+	// relay publishes the outbox (relayPoolSize).
 	relay *pgxpool.Pool
+	// maintenance is the leader's: the janitor, the claim floors' keepers,
+	// the stock fold and the key ledger's statistics
+	// (maintenancePoolSize). A follower never connects it.
+	maintenance *pgxpool.Pool
 	// gauges reads the gauges /metrics exports from the database
 	// (gaugesPoolSize): however many scrapes come, they never take a
 	// connection the relay or the janitor needs.
@@ -39,15 +42,18 @@ const ingestPoolSize = 2
 
 // workerPoolSize is one connection for each batch in flight (INBOX_WORKERS,
 // each in its own transaction), one for the takeover of unfinished
-// messages, one for the answer of reply requests left unanswered, one for
-// the raise of the inbox's claim floor, and one for the fold of the stock
-// moves, which run beside them.
-func workerPoolSize(workers int) int { return workers + 4 }
+// messages and one for the answer of reply requests left unanswered,
+// which run beside them.
+func workerPoolSize(workers int) int { return workers + 2 }
 
 // relayPoolSize: the relay holds one connection, for the transaction of the
-// batch it is publishing, and raises the outbox's claim floor on another;
-// the janitor deletes one short statement at a time; one is spare.
-const relayPoolSize = 4
+// batch it is publishing; one is spare.
+const relayPoolSize = 2
+
+// maintenancePoolSize: one connection each for the janitor (one statement
+// or one key-ledger step at a time), the two claim floors' keepers, the
+// stock fold and the key ledger's statistics, which run side by side.
+const maintenancePoolSize = 5
 
 // gaugesPoolSize: the gauges are read once at a time, at most once a second
 // (metrics.GaugeReadInterval), whatever the scrapes.
@@ -59,16 +65,17 @@ const readyPoolSize = 1
 
 // poolSizes is the number of connections of each of serve's pools, as in
 // pools; 0 for a pool serve does not open.
-type poolSizes struct{ ingest, worker, relay, gauges, status, ready int }
+type poolSizes struct{ ingest, worker, relay, maintenance, gauges, status, ready int }
 
 // poolSizesFor returns the sizes of the pools serve opens for cfg.
 func poolSizesFor(cfg *config) poolSizes {
 	s := poolSizes{
-		ingest: ingestPoolSize,
-		worker: workerPoolSize(cfg.workers),
-		relay:  relayPoolSize,
-		gauges: gaugesPoolSize,
-		ready:  readyPoolSize,
+		ingest:      ingestPoolSize,
+		worker:      workerPoolSize(cfg.workers),
+		relay:       relayPoolSize,
+		maintenance: maintenancePoolSize,
+		gauges:      gaugesPoolSize,
+		ready:       readyPoolSize,
 	}
 	if cfg.statusPage {
 		s.status = statuspage.PoolSizeDefault
@@ -89,6 +96,7 @@ func openPools(ctx context.Context, cfg *config) (*pools, error) {
 		{&ps.ingest, "ingest", sizes.ingest},
 		{&ps.worker, "worker", sizes.worker},
 		{&ps.relay, "relay", sizes.relay},
+		{&ps.maintenance, "maintenance", sizes.maintenance},
 		{&ps.gauges, "gauges", sizes.gauges},
 		{&ps.status, "status", sizes.status},
 		{&ps.ready, "ready", sizes.ready},
@@ -96,7 +104,7 @@ func openPools(ctx context.Context, cfg *config) (*pools, error) {
 		if p.size == 0 {
 			continue
 		}
-		pool, err := newPool(ctx, cfg, p.name, p.size, shortIdle[p.name])
+		pool, err := newPool(ctx, cfg, p.name, p.size, !waitsOutside[p.name])
 		if err != nil {
 			ps.close()
 			return nil, err
@@ -106,31 +114,36 @@ func openPools(ctx context.Context, cfg *config) (*pools, error) {
 	return ps, nil
 }
 
-// shortIdle names the pools whose transactions wait on nothing outside
-// PostgreSQL (the workers' lock, handle and record): their sessions carry
-// INBOX_WORKER_IDLE_IN_TX_TIMEOUT, so that a replica frozen in the middle of
+// waitsOutside names the pools whose transactions wait on something
+// outside PostgreSQL: the relay's, open while the broker confirms its
+// batch. Their sessions carry INBOX_IDLE_IN_TX_TIMEOUT. Every other pool's
+// transactions wait on nothing outside PostgreSQL (the workers' lock,
+// handle and record; the maintenance's steps, a key-ledger rotation's
+// TRUNCATE among them, which every insert waits for), and their sessions
+// carry INBOX_WORKER_IDLE_IN_TX_TIMEOUT: a replica frozen in the middle of
 // one (a VM pause, SIGSTOP, a stuck node: its sockets stay open) holds the
-// rows it locked for seconds, not for the minute the relay's confirms need.
-// (Ingest runs single statements, in no transaction of its own.)
-var shortIdle = map[string]bool{"worker": true}
+// rows and locks it took for seconds, not for the minute the relay's
+// confirms need. (Ingest runs single statements, in no transaction of its
+// own.)
+var waitsOutside = map[string]bool{"relay": true}
 
 // attach gives the pipeline's services their pools.
 func (ps *pools) attach(pc *pipeline.Config) {
 	pc.IngestPool = ps.ingest
 	pc.WorkerPool = ps.worker
 	pc.RelayPool = ps.relay
-	pc.JanitorPool = ps.relay
+	pc.MaintenancePool = ps.maintenance
 }
 
 // measured returns the pools whose statistics the metrics export, by the
 // name of their pool label.
 func (ps *pools) measured() map[string]*pgxpool.Pool {
-	return map[string]*pgxpool.Pool{"ingest": ps.ingest, "worker": ps.worker, "relay": ps.relay, "gauges": ps.gauges}
+	return map[string]*pgxpool.Pool{"ingest": ps.ingest, "worker": ps.worker, "relay": ps.relay, "maintenance": ps.maintenance, "gauges": ps.gauges}
 }
 
 // close closes the pools that are open, the last opened first.
 func (ps *pools) close() {
-	for _, pool := range []*pgxpool.Pool{ps.ready, ps.status, ps.gauges, ps.relay, ps.worker, ps.ingest} {
+	for _, pool := range []*pgxpool.Pool{ps.ready, ps.status, ps.gauges, ps.maintenance, ps.relay, ps.worker, ps.ingest} {
 		if pool != nil {
 			closePool(pool)
 		}

@@ -151,7 +151,7 @@ func serve(ctx context.Context, cfg *config, logger *slog.Logger, tp *tracing.Pr
 	pc.Leader = elector
 	if cfg.stockFoldInterval > 0 {
 		pc.LeaderTasks = append(pc.LeaderTasks, func(ctx context.Context) {
-			orders.FoldStockEvery(ctx, ps.worker, logger.With(slog.String("component", "orders.fold")), cfg.stockFoldInterval)
+			orders.FoldStockEvery(ctx, ps.maintenance, logger.With(slog.String("component", "orders.fold")), cfg.stockFoldInterval)
 		})
 	}
 	ps.attach(pc)

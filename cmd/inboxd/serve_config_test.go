@@ -128,12 +128,13 @@ func TestServePipelineConfigDefaults(t *testing.T) {
 		},
 	}, got)
 	require.Equal(t, poolSizes{
-		ingest: ingestPoolSize,
-		worker: inbox.ConcurrencyDefault + 4,
-		relay:  relayPoolSize,
-		gauges: gaugesPoolSize,
-		status: statuspage.PoolSizeDefault,
-		ready:  readyPoolSize,
+		ingest:      ingestPoolSize,
+		worker:      inbox.ConcurrencyDefault + 2,
+		relay:       relayPoolSize,
+		maintenance: maintenancePoolSize,
+		gauges:      gaugesPoolSize,
+		status:      statuspage.PoolSizeDefault,
+		ready:       readyPoolSize,
 	}, poolSizesFor(cfg))
 }
 
@@ -228,8 +229,9 @@ func TestServePipelineConfigFromEverySetting(t *testing.T) {
 			BatchSize:     500,
 		},
 	}, got)
-	// Seven batches in flight, the takeover, the answer of left requests, the claim floor and the stock fold; no status page.
-	require.Equal(t, poolSizes{ingest: ingestPoolSize, worker: 11, relay: relayPoolSize, gauges: gaugesPoolSize, ready: readyPoolSize}, poolSizesFor(cfg))
+	// Seven batches in flight, the takeover and the answer of left requests; no status page.
+	require.Equal(t, poolSizes{ingest: ingestPoolSize, worker: 9, relay: relayPoolSize, maintenance: maintenancePoolSize,
+		gauges: gaugesPoolSize, ready: readyPoolSize}, poolSizesFor(cfg))
 }
 
 func TestServePipelineConfigWithoutJanitor(t *testing.T) {
@@ -242,18 +244,20 @@ func TestServePipelineConfigWithoutJanitor(t *testing.T) {
 }
 
 func TestServePoolsAttached(t *testing.T) {
-	ps := &pools{ingest: &pgxpool.Pool{}, worker: &pgxpool.Pool{}, relay: &pgxpool.Pool{}, gauges: &pgxpool.Pool{}, status: &pgxpool.Pool{}, ready: &pgxpool.Pool{}}
+	ps := &pools{ingest: &pgxpool.Pool{}, worker: &pgxpool.Pool{}, relay: &pgxpool.Pool{}, maintenance: &pgxpool.Pool{},
+		gauges: &pgxpool.Pool{}, status: &pgxpool.Pool{}, ready: &pgxpool.Pool{}}
 	pc := &pipeline.Config{}
 	ps.attach(pc)
 	require.Same(t, ps.ingest, pc.IngestPool)
 	require.Same(t, ps.worker, pc.WorkerPool)
 	require.Same(t, ps.relay, pc.RelayPool)
-	require.Same(t, ps.relay, pc.JanitorPool, "the janitor deletes through the relay's pool")
+	require.Same(t, ps.maintenance, pc.MaintenancePool, "the janitor and the leader's other maintenance have a pool of their own")
 	measured := ps.measured()
-	require.Len(t, measured, 4)
+	require.Len(t, measured, 5)
 	require.Same(t, ps.ingest, measured["ingest"])
 	require.Same(t, ps.worker, measured["worker"])
 	require.Same(t, ps.relay, measured["relay"])
+	require.Same(t, ps.maintenance, measured["maintenance"])
 	require.Same(t, ps.gauges, measured["gauges"])
 }
 
@@ -271,5 +275,34 @@ func TestServeSessionsWatchTheirNetwork(t *testing.T) {
 		"tcp_user_timeout": "10000", "client_connection_check_interval": "1000",
 	} {
 		require.Equal(t, want, cc.RuntimeParams[name], name)
+	}
+}
+
+// Only the relay's transactions wait on something outside PostgreSQL (the
+// broker's confirms): every other pool's sessions carry the short
+// idle-in-transaction limit, so that a frozen replica holds what they
+// locked for seconds (TestAFrozenLeaderHoldsUpInsertsForSecondsOnly shows
+// it of the maintenance's from outside).
+func TestOnlyTheRelaysTransactionsMayIdleLong(t *testing.T) {
+	cfg := loadTestConfig(t, map[string]string{
+		"DATABASE_URL":                    "postgres://inboxd@db.example:5432/shop",
+		"AMQP_URL":                        "amqp://guest@mq.example:5672/",
+		"INBOX_STATUS_PAGE":               "true",
+		"INBOX_IDLE_IN_TX_TIMEOUT":        "60s",
+		"INBOX_WORKER_IDLE_IN_TX_TIMEOUT": "5s",
+	})
+	ps, err := openPools(t.Context(), cfg) // connects nothing yet
+	require.NoError(t, err)
+	defer ps.close()
+	for name, pool := range map[string]*pgxpool.Pool{
+		"ingest": ps.ingest, "worker": ps.worker, "relay": ps.relay, "maintenance": ps.maintenance,
+		"gauges": ps.gauges, "status": ps.status, "ready": ps.ready,
+	} {
+		require.NotNil(t, pool, name)
+		want := "5000"
+		if name == "relay" {
+			want = "60000"
+		}
+		require.Equal(t, want, pool.Config().ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"], name)
 	}
 }

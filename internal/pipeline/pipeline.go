@@ -46,12 +46,19 @@ type Config struct {
 	// Relay, with RelayPool, configures the outbox relay.
 	Relay     *outbox.RelayConfig
 	RelayPool *pgxpool.Pool
-	// Janitor, with JanitorPool, configures the janitor.
-	Janitor     *janitor.Config
-	JanitorPool *pgxpool.Pool
+	// Janitor configures the janitor, which runs on MaintenancePool.
+	Janitor *janitor.Config
+	// MaintenancePool is the maintenance's: the janitor's, and with a
+	// Leader the claim floors' keepers' and the key ledger's statistics'
+	// (which otherwise go through WorkerPool, RelayPool and IngestPool).
+	// Its transactions wait on nothing outside PostgreSQL, and some hold
+	// what every insert waits for (a rotation's TRUNCATE): serve gives its
+	// sessions the workers' short idle_in_transaction_session_timeout, so
+	// that a leader frozen in one holds the inserts up for seconds.
+	MaintenancePool *pgxpool.Pool
 	// Leader, when set, runs the maintenance while this process leads: the
-	// janitor, the claim floors' keepers (through WorkerPool and RelayPool)
-	// and LeaderTasks. When nil, the janitor runs with the rest, and the
+	// janitor, the claim floors' keepers, the key ledger's statistics and
+	// LeaderTasks. When nil, the janitor runs with the rest, and the
 	// worker and the relay keep their floors themselves.
 	Leader      *leader.Elector
 	LeaderTasks []func(ctx context.Context)
@@ -78,7 +85,7 @@ func New(cfg *Config) (*Pipeline, error) {
 		wc := *cfg.Worker
 		if cfg.Leader != nil {
 			wc.FloorKeptElsewhere = true
-			maintenance = append(maintenance, claimfloor.InboxKeeper(cfg.WorkerPool, logger.With(slog.String("component", "inbox.floor"))).Run)
+			maintenance = append(maintenance, claimfloor.InboxKeeper(cmp.Or(cfg.MaintenancePool, cfg.WorkerPool), logger.With(slog.String("component", "inbox.floor"))).Run)
 		}
 		if p.Worker, err = inbox.NewWorker(cfg.WorkerPool, &wc); err != nil {
 			return nil, err
@@ -92,27 +99,29 @@ func New(cfg *Config) (*Pipeline, error) {
 		if p.Ingest, err = ingest.New(cfg.IngestPool, &ic); err != nil {
 			return nil, err
 		}
-		keyStats := func(ctx context.Context) {
-			janitor.KeepKeyStatistics(ctx, cfg.IngestPool, logger.With(slog.String("component", "inbox.keys")))
+		keyStats := func(pool *pgxpool.Pool) func(ctx context.Context) {
+			return func(ctx context.Context) {
+				janitor.KeepKeyStatistics(ctx, pool, logger.With(slog.String("component", "inbox.keys")))
+			}
 		}
 		if cfg.Leader != nil {
-			maintenance = append(maintenance, keyStats)
+			maintenance = append(maintenance, keyStats(cmp.Or(cfg.MaintenancePool, cfg.IngestPool)))
 		} else {
-			p.services = append(p.services, startstop.Func(keyStats))
+			p.services = append(p.services, startstop.Func(keyStats(cfg.IngestPool)))
 		}
 	}
 	if cfg.Relay != nil {
 		rc := *cfg.Relay
 		if cfg.Leader != nil {
 			rc.FloorKeptElsewhere = true
-			maintenance = append(maintenance, claimfloor.OutboxKeeper(cfg.RelayPool, logger.With(slog.String("component", "outbox.floor"))).Run)
+			maintenance = append(maintenance, claimfloor.OutboxKeeper(cmp.Or(cfg.MaintenancePool, cfg.RelayPool), logger.With(slog.String("component", "outbox.floor"))).Run)
 		}
 		if p.Relay, err = outbox.NewRelay(cfg.RelayPool, &rc); err != nil {
 			return nil, err
 		}
 	}
 	if cfg.Janitor != nil {
-		if p.Janitor, err = janitor.New(cfg.JanitorPool, cfg.Janitor); err != nil {
+		if p.Janitor, err = janitor.New(cfg.MaintenancePool, cfg.Janitor); err != nil {
 			return nil, err
 		}
 	}
