@@ -11,7 +11,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/orderconfirm/inboxd/internal/loadgen"
-	"github.com/orderconfirm/inboxd/internal/pipeline"
 )
 
 // tableReads is what the statements of every session read of one table:
@@ -124,7 +123,8 @@ func (b *e2eBundle) awaitEvents(t *testing.T, n int, timeout time.Duration) {
 // to a table read it whole: completing a batch (15.8 million rows of
 // inbox for 300 orders), recording conflicting duplicates, and looking for
 // abandoned claims (907,544 rows of inbox_attempts); the last two now
-// probe an index per key whatever the plan.
+// probe an index per key whatever the plan, and the first is planned at
+// each call (dbsqlc.PlanEachCall). The plans are now kept for good.
 func TestStatementsReadIndexesOnceTheTablesHaveGrown(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
@@ -159,13 +159,13 @@ func TestStatementsReadIndexesOnceTheTablesHaveGrown(t *testing.T) {
 		require.NoError(t, err, q)
 	}
 
-	// inboxd's connections keep their plans for pipeline.ReplanEvery at
-	// most. A backend reports what its statements read once it has been
-	// idle for 10 seconds at most, and when it ends: wait that long for
-	// inboxd's sessions to report the rounds before, then stop inboxd to
-	// count the next one. The claim floors rise past the history meanwhile,
-	// as they do within a second of a batch.
-	time.Sleep(max(pipeline.ReplanEvery, 10*time.Second) + time.Second)
+	// inboxd's connections keep their plans (pipeline.KeepPlans). A
+	// backend reports what its statements read once it has been idle for
+	// 10 seconds at most, and when it ends: wait that long for inboxd's
+	// sessions to report the rounds before, then stop inboxd to count the
+	// next one. The claim floors rise past the history meanwhile, as they
+	// do within a second of a batch.
+	time.Sleep(11 * time.Second)
 	reads := b.readsWhile(t, p, func() { publish(3) })
 
 	for table, r := range reads {

@@ -127,6 +127,15 @@ func openPools(ctx context.Context, cfg *config) (*pools, error) {
 // own.)
 var waitsOutside = map[string]bool{"relay": true}
 
+// plansEachCall names the pools that keep no plans: each statement is
+// planned for its parameters and the tables as they are at each call. The
+// maintenance's statements (a retention's delete, a fold's) run seconds
+// or minutes apart, the status page's at a view, and some would read a
+// grown table whole with a plan kept from when it was small: planning
+// them costs next to nothing. The pools of the flow keep their plans (see
+// pipeline.KeepPlans).
+var plansEachCall = map[string]bool{"maintenance": true, "status": true}
+
 // attach gives the pipeline's services their pools.
 func (ps *pools) attach(pc *pipeline.Config) {
 	pc.IngestPool = ps.ingest

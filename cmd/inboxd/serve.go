@@ -300,7 +300,9 @@ func newPool(ctx context.Context, cfg *config, name string, maxConns int, shortI
 	// wait idle: an idle backend ignores a cancel, and they would notice
 	// their context only after the handler's 5-second deadline.
 	pc.ConnConfig.BuildContextWatcherHandler = pipeline.CancelQueryOnContextEnd
-	pipeline.KeepPlans(pc)
+	if !plansEachCall[name] {
+		pipeline.KeepPlans(pc)
+	}
 	pgsession.SetAfterConnectInPool(pc)
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {

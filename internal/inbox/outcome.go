@@ -168,13 +168,13 @@ func (w *Worker) complete(ctx context.Context, tx pgx.Tx, batch []claimed) error
 			requests = append(requests, c.replyRequests...)
 		}
 	}
-	if err := w.queries.InboxCompleteMany(ctx, tx, p); err != nil {
+	if err := w.queries.InboxCompleteMany(ctx, dbsqlc.PlanEachCall(tx), p); err != nil {
 		return fmt.Errorf("record outcomes: %w", err)
 	}
 	// The requesters of the messages that ended are answered in the same
 	// transaction: the reply commits with the result it carries.
 	if len(requests) > 0 {
-		if _, err := w.queries.InboxReplyAnswer(ctx, tx, requests); err != nil {
+		if _, err := w.queries.InboxReplyAnswer(ctx, dbsqlc.PlanEachCall(tx), requests); err != nil {
 			return fmt.Errorf("queue replies: %w", err)
 		}
 	}

@@ -32,7 +32,7 @@ func (w *Worker) answerLeft(ctx context.Context) (int, error) {
 	}
 	var queued int32
 	if len(left.DueIds) > 0 {
-		if queued, err = w.queries.InboxReplyAnswer(ctx, w.pool, left.DueIds); err != nil {
+		if queued, err = w.queries.InboxReplyAnswer(ctx, dbsqlc.PlanEachCall(w.pool), left.DueIds); err != nil {
 			return 0, fmt.Errorf("answer reply requests left unanswered: %w", err)
 		}
 	}

@@ -156,7 +156,7 @@ func (s *store) insertAndAnswer(ctx context.Context, rows []row) ([]dbsqlc.Inbox
 		if len(requests) == 0 {
 			return nil
 		}
-		if _, err := s.queries.InboxReplyAnswer(ctx, tx, requests); err != nil {
+		if _, err := s.queries.InboxReplyAnswer(ctx, dbsqlc.PlanEachCall(tx), requests); err != nil {
 			return fmt.Errorf("answer reply requests: %w", err)
 		}
 		return nil

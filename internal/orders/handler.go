@@ -488,7 +488,7 @@ func (h *Handler) writeStock(ctx context.Context, tx pgx.Tx, d stockDecision) er
 		}
 	}
 	if len(reject.OrderIds) > 0 {
-		if err := h.queries.OrderConfirmationRejectMany(ctx, tx, reject); err != nil {
+		if err := h.queries.OrderConfirmationRejectMany(ctx, dbsqlc.PlanEachCall(tx), reject); err != nil {
 			return fmt.Errorf("reject orders: %w", err)
 		}
 	}

@@ -263,7 +263,7 @@ func (r *Relay) commit(workCtx context.Context, tx pgx.Tx, o outcome) error {
 	defer cancel()
 	backoff := retry.Policy{Base: r.cfg.RetryBase, Max: r.cfg.RetryMax}
 	if len(o.failed) > 0 {
-		err := r.queries.OutboxRelease(ctx, tx, dbsqlc.OutboxReleaseParams{
+		err := r.queries.OutboxRelease(ctx, dbsqlc.PlanEachCall(tx), dbsqlc.OutboxReleaseParams{
 			Ids: o.failed, LastError: o.reason, RetryDelayMs: backoff.Delay(o.attempts).Milliseconds(),
 		})
 		if err != nil {
@@ -271,7 +271,7 @@ func (r *Relay) commit(workCtx context.Context, tx pgx.Tx, o outcome) error {
 		}
 	}
 	for _, row := range o.refused {
-		err := r.queries.OutboxRelease(ctx, tx, dbsqlc.OutboxReleaseParams{
+		err := r.queries.OutboxRelease(ctx, dbsqlc.PlanEachCall(tx), dbsqlc.OutboxReleaseParams{
 			Ids: []int64{row.ID}, LastError: row.reason, RetryDelayMs: backoff.Delay(int(row.Attempts)).Milliseconds(),
 			Refused: true, MaxAttempts: int32(r.cfg.MaxAttempts),
 		})

@@ -6,6 +6,7 @@ import (
 	"go/ast"
 	"go/parser"
 	"go/token"
+	"io/fs"
 	"maps"
 	"path/filepath"
 	"slices"
@@ -32,31 +33,38 @@ var boundedTables = map[string]string{
 	"goose_db_version":      "one row per migration",
 }
 
-// replanned are the statements whose plan, made for any parameters on
-// empty tables, reads a growing table whole: kept, it would go on doing
-// so once the table has grown. The pools drop their plans every
-// pipeline.ReplanEvery, so such a plan is made again for the tables as
-// they are within seconds (cmd/inboxd's
-// TestStatementsReadIndexesOnceTheTablesHaveGrown holds the flow's to
-// that). Rewritten to probe an index per key whatever the plan, as
-// StockReservedSkus and InboxRecordConflicts are, a statement leaves the
-// list; once it is empty the pools may keep their plans for good.
-var replanned = map[string]string{
-	"InboxCompleteMany":              "the batch's ids joined to the rows it updates",
-	"InboxReplyAnswer":               "the requests' ids and their messages, joins",
-	"JanitorDeleteConflicts":         "a retention's range, a seq scan while the table is empty",
-	"JanitorDeletePublished":         "a retention's range, a seq scan while the table is empty",
-	"JanitorDeleteReplyRequests":     "a retention's range, a seq scan while the table is empty",
-	"OrderConfirmationRejectMany":    "the batch's order ids joined to the rows it updates",
-	"OutboxRelease":                  "the batch's ids, id = ANY(ids), a seq scan while the table is empty",
-	"StatusPageConflicts":            "the newest conflicts, an index read from its end",
-	"StatusPageFailuresByBuild":      "the last hour's attempts by build",
-	"StatusPageHeldBack":             "the orders held back, joins",
-	"StatusPageInboxOverview":        "counts over the last hour",
-	"StatusPageReplays":              "the last replays",
-	"StatusPageThroughput":           "the last hour's rates",
-	"StockMovesDeleteFoldedUnlocked": "the folded moves' row ids, ctid = ANY(...), a seq scan while the table is empty",
+// plannedEachCall are the statements whose plan, made for any parameters
+// on empty tables, reads a growing table whole: kept, it would go on doing
+// so once the table has grown. None is kept: each is planned for its
+// parameters and the tables as they are at each call, either by running
+// through dbsqlc.PlanEachCall at every call (eachCall, which the test holds
+// the code to), or by running only on a pool that keeps no plans (serve's
+// maintenance and status pools, plansEachCall). Rewritten to probe an
+// index per key whatever the plan, as StockReservedSkus and
+// InboxRecordConflicts are, a statement leaves the list.
+var plannedEachCall = map[string]string{
+	"InboxCompleteMany":              eachCall + ": the batch's ids joined to the rows it updates",
+	"InboxReplyAnswer":               eachCall + ": the requests' ids and their messages, joins",
+	"OrderConfirmationRejectMany":    eachCall + ": the batch's order ids joined to the rows it updates",
+	"OutboxRelease":                  eachCall + ": the batch's ids, id = ANY(ids), a seq scan while the table is empty",
+	"JanitorDeleteConflicts":         onMaintenance + ": a retention's range, a seq scan while the table is empty",
+	"JanitorDeletePublished":         onMaintenance + ": a retention's range, a seq scan while the table is empty",
+	"JanitorDeleteReplyRequests":     onMaintenance + ": a retention's range, a seq scan while the table is empty",
+	"StockMovesDeleteFoldedUnlocked": onMaintenance + ": the folded moves' row ids, ctid = ANY(...), a seq scan while the table is empty",
+	"StatusPageConflicts":            onStatus + ": the newest conflicts, an index read from its end",
+	"StatusPageFailuresByBuild":      onStatus + ": the last hour's attempts by build",
+	"StatusPageHeldBack":             onStatus + ": the orders held back, joins",
+	"StatusPageInboxOverview":        onStatus + ": counts over the last hour",
+	"StatusPageReplays":              onStatus + ": the last replays",
+	"StatusPageThroughput":           onStatus + ": the last hour's rates",
 }
+
+// How a statement of plannedEachCall is kept from a kept plan.
+const (
+	eachCall      = "through dbsqlc.PlanEachCall"
+	onMaintenance = "on the maintenance's pool"
+	onStatus      = "on the status page's pool"
+)
 
 // A pool keeps each statement's plan (pipeline.KeepPlans), and PostgreSQL
 // keeps a plan made for any parameters once it is no dearer than those
@@ -68,7 +76,7 @@ var replanned = map[string]string{
 // leaves it (no rows, no statistics), and its plan may read a table that
 // grows with the traffic only through index conditions: no sequential
 // scan of it, and no scan of a whole index that is not partial (a partial
-// index holds the open rows only), unless it is listed in replanned. The
+// index holds the open rows only), unless it is listed in plannedEachCall. The
 // statements are the generated ones (internal/dbsqlc), so a new statement
 // is checked as soon as it is written.
 func TestEveryStatementsKeptPlanReadsGrowingTablesByIndex(t *testing.T) {
@@ -114,7 +122,7 @@ func TestEveryStatementsKeptPlanReadsGrowingTablesByIndex(t *testing.T) {
 		var plan []struct{ Plan planNode }
 		require.NoError(t, json.Unmarshal(raw, &plan))
 		whole := plan[0].Plan.wholeReads(partial)
-		if reason, ok := replanned[name]; ok {
+		if reason, ok := plannedEachCall[name]; ok {
 			if len(whole) == 0 {
 				failures = append(failures, fmt.Sprintf("%s is listed as read whole by a kept plan (%s), and no longer is: take it off the list", name, reason))
 			}
@@ -125,7 +133,7 @@ func TestEveryStatementsKeptPlanReadsGrowingTablesByIndex(t *testing.T) {
 			t.Logf("%s's plan:\n%s", name, plan[0].Plan.String(""))
 		}
 	}
-	require.Empty(t, failures, "statements whose plan, kept from when the tables were empty, reads a table whole once it has grown (see replanned)")
+	require.Empty(t, failures, "statements whose plan, kept from when the tables were empty, reads a table whole once it has grown (see plannedEachCall)")
 	t.Logf("%d statements planned, of %d", checked, len(statements))
 }
 
@@ -224,4 +232,64 @@ func generatedStatements(t *testing.T) map[string]string {
 		}
 	}
 	return out
+}
+
+// Every call of a statement plannedEachCall has run through
+// dbsqlc.PlanEachCall does so: its database argument is
+// dbsqlc.PlanEachCall(...). The calls are found in the service's code
+// (internal/ and cmd/, tests left out), as q.Name(ctx, db, ...).
+func TestEveryCallOfAStatementPlannedEachCallGoesThroughIt(t *testing.T) {
+	t.Parallel()
+	fset := token.NewFileSet()
+	calls := map[string]int{}
+	var wrong []string
+	for _, root := range []string{filepath.Join("..", "..", "internal"), filepath.Join("..", "..", "cmd")} {
+		err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+			if err != nil || d.IsDir() || !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") ||
+				strings.Contains(path, filepath.Join("internal", "dbsqlc")) {
+				return err
+			}
+			file, err := parser.ParseFile(fset, path, nil, 0)
+			if err != nil {
+				return err
+			}
+			ast.Inspect(file, func(n ast.Node) bool {
+				call, ok := n.(*ast.CallExpr)
+				if !ok {
+					return true
+				}
+				sel, ok := call.Fun.(*ast.SelectorExpr)
+				if !ok || !strings.HasPrefix(plannedEachCall[sel.Sel.Name], eachCall) || len(call.Args) < 2 {
+					return true
+				}
+				calls[sel.Sel.Name]++
+				if !isPlanEachCall(call.Args[1]) {
+					wrong = append(wrong, fmt.Sprintf("%s: %s not through dbsqlc.PlanEachCall", fset.Position(call.Pos()), sel.Sel.Name))
+				}
+				return true
+			})
+			return nil
+		})
+		require.NoError(t, err)
+	}
+	require.Empty(t, wrong)
+	for name, how := range plannedEachCall {
+		if strings.HasPrefix(how, eachCall) {
+			require.Positive(t, calls[name], "%s is called somewhere", name)
+		}
+	}
+}
+
+// isPlanEachCall reports whether e is dbsqlc.PlanEachCall(...).
+func isPlanEachCall(e ast.Expr) bool {
+	call, ok := e.(*ast.CallExpr)
+	if !ok {
+		return false
+	}
+	sel, ok := call.Fun.(*ast.SelectorExpr)
+	if !ok {
+		return false
+	}
+	pkg, ok := sel.X.(*ast.Ident)
+	return ok && pkg.Name == "dbsqlc" && sel.Sel.Name == "PlanEachCall"
 }

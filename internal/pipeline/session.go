@@ -1,7 +1,6 @@
 package pipeline
 
 import (
-	"context"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -15,7 +14,7 @@ import (
 //
 // Each statement is sent as an unnamed prepared statement (pgx's
 // QueryExecModeCacheDescribe), so PostgreSQL plans it for its parameters
-// and the tables as they are; the pools keep their plans for a while
+// and the tables as they are; the pools of the flow keep their plans
 // instead (see KeepPlans). The sessions change nothing of the planner's:
 // the statements are written so that the planner reads by index where an
 // index serves, with or without statistics, and the service gives the key
@@ -41,17 +40,9 @@ func ConfigureSession(cc *pgx.ConnConfig) {
 	}
 }
 
-// ReplanEvery is how long a pool's connection keeps the plans of its
-// statements (see KeepPlans).
-const ReplanEvery = 10 * time.Second
-
-// plansSince is the key, in a connection's pgconn.PgConn.CustomData, of
-// the time its statements' plans were last dropped.
-const plansSince = "inboxd.plans_since"
-
 // KeepPlans sets up a pool whose connections ConfigureSession configured
-// to prepare each statement once and keep its plan, and to drop every plan
-// of a connection that is ReplanEvery old when the pool hands it out.
+// to prepare each statement once and keep its plan for the connection's
+// life.
 //
 // Planning each statement anew at each call took about a quarter of
 // PostgreSQL's CPU an order (pg_stat_statements, planning time: 13.5 s of
@@ -63,38 +54,15 @@ const plansSince = "inboxd.plans_since"
 // kept; a change to a table's definition or its statistics replans it.
 //
 // Without statistics (a server that runs without autovacuum, or a table
-// too young for it) nothing would replan it, and a plan kept from when the
-// tables were small may read them whole once they have grown:
-// TestStatementsReadIndexesOnceTheTablesHaveGrown saw a claim scan every
-// processed message (8.8 million rows for 300 orders, a plan made while
-// the inbox was empty), and in one run an anti-join read every attempt of
-// inbox_attempts by index (302,165 entries). So a connection keeps its
-// plans for ReplanEvery at most, then makes them again for the tables as
-// they are: a few statements' planning every ten seconds.
-func KeepPlans(pc *pgxpool.Config) { keepPlansFor(pc, ReplanEvery) }
-
-// keepPlansFor is KeepPlans with the plans kept for d.
-func keepPlansFor(pc *pgxpool.Config, d time.Duration) {
+// too young for it) nothing replans it, so a plan kept from when the
+// tables were small must still read them by index once they have grown:
+// every statement's plan for any parameters, made on empty tables, does
+// (TestEveryStatementsKeptPlanReadsGrowingTablesByIndex), but for a few
+// that run through dbsqlc.PlanEachCall, planned at each call, and those
+// of the pools that keep no plans (the maintenance's and the status
+// page's, see serve's pools).
+func KeepPlans(pc *pgxpool.Config) {
 	pc.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeCacheStatement
-	pc.PrepareConn = func(ctx context.Context, conn *pgx.Conn) (bool, error) {
-		data := conn.PgConn().CustomData()
-		since, ok := data[plansSince].(time.Time)
-		if ok && time.Since(since) < d {
-			return true, nil
-		}
-		if ok {
-			if err := conn.DeallocateAll(ctx); err != nil {
-				// The connection is broken, ctx ended, or something between
-				// refuses DEALLOCATE ALL (a pooler that does not track
-				// prepared statements). pgx has forgotten the statements
-				// already, so the connection cannot be used: the pool
-				// closes it and opens another, whose statements are new.
-				return false, nil
-			}
-		}
-		data[plansSince] = time.Now()
-		return true, nil
-	}
 }
 
 // strongCommit are the synchronous_commit values stronger than "on", kept

@@ -9,6 +9,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/orderconfirm/inboxd/internal/dbsqlc"
 	"github.com/orderconfirm/inboxd/internal/pipeline"
 	"github.com/orderconfirm/inboxd/internal/testenv"
 )
@@ -73,9 +74,9 @@ func TestClaimsStayCheapWithoutVacuum(t *testing.T) {
 }
 
 // A pool set up by KeepPlans prepares each statement once on a connection
-// and keeps it, and drops every statement of a connection whose plans are
-// older than it keeps them for when the pool hands the connection out.
-func TestPoolsKeepPlansForAWhile(t *testing.T) {
+// and keeps it for the connection's life; dbsqlc.PlanEachCall runs a
+// statement as the unnamed one, prepared and planned anew at each call.
+func TestPoolsKeepPlans(t *testing.T) {
 	t.Parallel()
 	db := testenv.NewDB(t)
 	ctx := t.Context()
@@ -83,26 +84,27 @@ func TestPoolsKeepPlansForAWhile(t *testing.T) {
 	require.NoError(t, err)
 	pc.MaxConns = 1
 	pipeline.ConfigureSession(pc.ConnConfig)
-	const keep = 300 * time.Millisecond
-	pipeline.KeepPlansFor(pc, keep)
+	pipeline.KeepPlans(pc)
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
 
-	// The statements prepared on the pool's one connection, this one
-	// included.
-	prepared := func() int {
+	// The executions of the statements kept on the pool's one connection.
+	const probe = "SELECT $1::int AS kept"
+	executions := func() int {
 		var n int
-		require.NoError(t, pool.QueryRow(ctx, "SELECT count(*) FROM pg_prepared_statements WHERE $1::int = 1", 1).Scan(&n))
+		require.NoError(t, pool.QueryRow(ctx, `SELECT coalesce(sum(generic_plans + custom_plans), 0)::int
+			FROM pg_prepared_statements WHERE statement = $1`, probe).Scan(&n))
 		return n
 	}
-	started := time.Now()
-	require.Equal(t, 1, prepared())
-	_, err = pool.Exec(ctx, "SELECT $1::int", 1)
-	require.NoError(t, err)
-	if n := prepared(); time.Since(started) < keep {
-		require.Equal(t, 2, n, "both statements are kept")
+	for range 3 {
+		_, err = pool.Exec(ctx, probe, 1)
+		require.NoError(t, err)
 	}
-	time.Sleep(keep)
-	require.Equal(t, 1, prepared(), "the connection's statements were dropped, and this one prepared again")
+	require.Equal(t, 3, executions(), "the statement is prepared once and kept")
+	for range 3 {
+		_, err = dbsqlc.PlanEachCall(pool).Exec(ctx, probe, 1)
+		require.NoError(t, err)
+	}
+	require.Equal(t, 3, executions(), "run through PlanEachCall, the statement is not the kept one")
 }

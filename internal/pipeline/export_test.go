@@ -1,4 +1,0 @@
-package pipeline
-
-// KeepPlansFor is keepPlansFor, for the tests.
-var KeepPlansFor = keepPlansFor
