@@ -56,15 +56,23 @@ SELECT pg_notify('outbox_pending', current_schema()) FROM (SELECT 1 FROM inserte
 -- statistics the planner took that for cheap: 0.9 s a claim after 60 s
 -- held at 500 orders/s).
 --
+-- The floor is read once, in floor, for every look-up: it lives in a
+-- sequence, which no snapshot holds still, and keepers raise it while the
+-- statement runs. Read at each look-up, a row could be held back by an
+-- earlier row of its order that a later look-up no longer saw, once the
+-- floor had passed it, and the rows after it published without it.
+--
 -- claimed_at is set only by releases before this one, which claimed rows in
 -- a transaction of their own; such a claim is respected for lease_ms,
 -- measured against now, or now() when NULL (a test sets it forward).
-WITH candidate AS (
+WITH floor AS MATERIALIZED (
+    SELECT outbox_claim_floor() AS id
+), candidate AS (
     SELECT o.id, o.order_key
     FROM outbox o
     WHERE o.published_at IS NULL
       AND o.dead_at IS NULL
-      AND o.id >= outbox_claim_floor()
+      AND o.id >= (SELECT id FROM floor)
       AND (o.claimed_at IS NULL OR o.claimed_at < coalesce(sqlc.narg('now')::timestamptz, now()) - sqlc.arg(lease_ms)::bigint * interval '1 millisecond')
       AND o.next_attempt_at <= now()
       AND (o.order_key IS NULL OR (
@@ -88,7 +96,7 @@ WITH candidate AS (
           AND NOT EXISTS (
               SELECT 1 FROM outbox w
               WHERE w.order_key = o.order_key
-                AND (w.order_key, w.id) >= (o.order_key, outbox_claim_floor())
+                AND (w.order_key, w.id) >= (o.order_key, (SELECT id FROM floor))
                 AND (w.order_key, w.id) < (o.order_key, o.id)
                 AND w.published_at IS NULL
                 AND (w.next_attempt_at > now()
@@ -109,7 +117,7 @@ WHERE outbox.id = c.id
   AND (c.order_key IS NULL OR NOT EXISTS (
       SELECT 1 FROM outbox e
       WHERE e.order_key = c.order_key
-        AND (e.order_key, e.id) >= (c.order_key, outbox_claim_floor())
+        AND (e.order_key, e.id) >= (c.order_key, (SELECT id FROM floor))
         AND (e.order_key, e.id) < (c.order_key, c.id)
         AND e.published_at IS NULL
         AND e.id NOT IN (SELECT id FROM candidate)

@@ -64,3 +64,38 @@ func TestAClaimReadsOnlyItsOrdersRows(t *testing.T) {
 		})
 	}
 }
+
+// A claim reads the floor once. The floor lives in a sequence, which no
+// snapshot holds still, and keepers in every process raise it while a claim
+// runs. Read at each look-up, a claim held a row back for an earlier open
+// row of its order, then, the floor raised past that row meanwhile, took
+// the order's later rows without it: they were published ahead of it (seen
+// with two relays and keepers raising the floor beside them, in
+// TestRelay/PublishesEachOrdersRowsInIDOrderWithTwoRelays).
+//
+// The schema's floor is replaced by one that counts its reads.
+func TestAClaimReadsTheFloorOnce(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t) // the claim alone: no broker
+	db.Exec(t, `
+		INSERT INTO outbox (idempotency_key, message_id, routing_key, payload, order_key)
+		SELECT 'c-' || i || ':order.event', 'c-' || i, 'order.event', '{}', 'o-' || i % 10
+		FROM generate_series(1, 100) AS i ORDER BY i`)
+	db.Exec(t, "CREATE SEQUENCE floor_reads")
+	db.Exec(t, `CREATE OR REPLACE FUNCTION outbox_claim_floor() RETURNS bigint
+		LANGUAGE sql STABLE AS $$ SELECT 0 * nextval('floor_reads') $$`)
+	for _, analyzed := range []bool{false, true} {
+		if analyzed {
+			db.Exec(t, "ANALYZE outbox")
+		}
+		before := db.Int(t, "SELECT coalesce(pg_sequence_last_value('floor_reads'), 0)")
+		tx, err := db.Pool.Begin(t.Context())
+		require.NoError(t, err)
+		rows, err := dbsqlc.New().OutboxClaimBatch(t.Context(), tx, dbsqlc.OutboxClaimBatchParams{LeaseMs: 30_000, MaxRows: 100})
+		require.NoError(t, err)
+		require.Len(t, rows, 100, "every row is claimed, each after the earlier ones of its order")
+		require.NoError(t, tx.Rollback(t.Context()))
+		reads := db.Int(t, "SELECT pg_sequence_last_value('floor_reads')") - before
+		require.Equal(t, 1, reads, "a claim of 100 rows of 10 orders read the floor %d times (analyzed=%v)", reads, analyzed)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/orderconfirm/inboxd/internal/broker"
+	"github.com/orderconfirm/inboxd/internal/claimfloor"
 	"github.com/orderconfirm/inboxd/internal/dbsqlc"
 	"github.com/orderconfirm/inboxd/internal/loadgen"
 	"github.com/orderconfirm/inboxd/internal/outbox"
@@ -249,6 +251,22 @@ func TestRelay(t *testing.T) {
 		require.NoError(t, dbsqlc.New().OutboxInsertMany(t.Context(), b.db.Pool, p))
 		b.startRelay(t, outbox.RelayConfig{BatchSize: 16})
 		b.startRelay(t, outbox.RelayConfig{BatchSize: 16})
+		// Keepers of other processes raise the floor as well, as often as
+		// they can: a claim must not read a floor that moved under it.
+		ctx, stop := context.WithCancel(t.Context())
+		var keepers sync.WaitGroup
+		t.Cleanup(func() { stop(); keepers.Wait() })
+		for range 2 {
+			keepers.Go(func() {
+				raise := claimfloor.Outbox(b.db.Pool)
+				var note claimfloor.Note
+				for ctx.Err() == nil {
+					if _, next, err := raise(ctx, note); err == nil {
+						note = next
+					}
+				}
+			})
+		}
 
 		// Each order's events, at their first arrival, in arrival order.
 		arrived := map[string][]int{}
