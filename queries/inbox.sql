@@ -201,7 +201,9 @@ SELECT array(SELECT s.id FROM scanned s
 -- orders proceed in parallel.
 --
 -- session is the key of the liveness lock the claiming process holds (see
--- InboxHoldLiveness), or 0 when it holds none.
+-- InboxHoldLiveness), or 0 when it holds none. A message is due once its
+-- next_attempt_at has passed, measured against now, or now() when NULL (a
+-- test sets it forward rather than wait out a retry delay).
 --
 -- The scan starts at the claim floor (internal/claimfloor keeps it): under it
 -- every message has ended, and an old snapshot would leave the index full
@@ -217,7 +219,7 @@ WHERE inbox.id IN (
     FROM inbox i
     WHERE i.status = 'pending'
       AND i.id >= inbox_claim_floor()
-      AND i.next_attempt_at <= now()
+      AND i.next_attempt_at <= coalesce(sqlc.narg('now')::timestamptz, now())
       AND i.claimed_at IS NULL
       AND (i.order_key IS NULL OR NOT EXISTS (
           SELECT 1 FROM inbox e
@@ -238,8 +240,9 @@ RETURNING inbox.id, inbox.claimed_at::timestamptz AS claimed_at;
 -- the lost attempt to inbox_attempts as abandoned. A claim is taken over
 -- once no session holds its process's liveness lock (the process died), or,
 -- for a claim without one, once it is older than lease_seconds: until then
--- its worker may be about to lock the row (the lease is measured against
--- now, or now() when NULL: a test sets it forward). A row that a worker has
+-- its worker may be about to lock the row (the lease, and the retry delay,
+-- are measured against now, or now() when NULL: a test sets it forward). A
+-- row that a worker has
 -- locked is skipped. As in InboxClaimBatch, a message waits while an earlier message
 -- of its order is open.
 --
@@ -262,7 +265,7 @@ WITH target AS (
     FROM inbox i
     WHERE i.status = 'pending'
       AND i.id >= inbox_claim_floor()
-      AND i.next_attempt_at <= now()
+      AND i.next_attempt_at <= coalesce(sqlc.narg('now')::timestamptz, now())
       AND i.claimed_at IS NOT NULL
       -- A live claim is never taken over: the lease covers only claims
       -- whose liveness is unknown (no session key), and the caller's own
@@ -481,11 +484,12 @@ SELECT message_id::text AS message_id, stored_sha256, conflicting_sha256, delive
 -- there is one. Another process's live claim never counts, however old: it
 -- is handling it (a slow batch). The caller's own claim counts past the
 -- lease: it handles such a message only alone, so none of its batches has it.
--- The lease is measured against now, or now() when NULL.
+-- The lease and the retry delay are measured against now, or now() when
+-- NULL.
 SELECT EXISTS (
     SELECT 1 FROM inbox i
     WHERE i.status = 'pending' AND i.id >= inbox_claim_floor()
-      AND i.next_attempt_at <= now() AND i.claimed_at IS NOT NULL
+      AND i.next_attempt_at <= coalesce(sqlc.narg('now')::timestamptz, now()) AND i.claimed_at IS NOT NULL
       AND CASE WHEN i.claimed_session IS NULL OR i.claimed_session = nullif(sqlc.arg(session)::bigint, 0)
                THEN i.claimed_at < coalesce(sqlc.narg('now')::timestamptz, now()) - make_interval(secs => sqlc.arg(lease_seconds)::float8)
                ELSE i.claimed_session NOT IN (SELECT inbox_live_sessions()) END

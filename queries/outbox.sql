@@ -63,8 +63,9 @@ SELECT pg_notify('outbox_pending', current_schema()) FROM (SELECT 1 FROM inserte
 -- floor had passed it, and the rows after it published without it.
 --
 -- claimed_at is set only by releases before this one, which claimed rows in
--- a transaction of their own; such a claim is respected for lease_ms,
--- measured against now, or now() when NULL (a test sets it forward).
+-- a transaction of their own; such a claim is respected for lease_ms. The
+-- lease and the retry delays (next_attempt_at) are measured against now,
+-- or now() when NULL (a test sets it forward).
 WITH floor AS MATERIALIZED (
     SELECT outbox_claim_floor() AS id
 ), candidate AS (
@@ -74,7 +75,7 @@ WITH floor AS MATERIALIZED (
       AND o.dead_at IS NULL
       AND o.id >= (SELECT id FROM floor)
       AND (o.claimed_at IS NULL OR o.claimed_at < coalesce(sqlc.narg('now')::timestamptz, now()) - sqlc.arg(lease_ms)::bigint * interval '1 millisecond')
-      AND o.next_attempt_at <= now()
+      AND o.next_attempt_at <= coalesce(sqlc.narg('now')::timestamptz, now())
       AND (o.order_key IS NULL OR (
           -- An earlier row of the order that is dead. Dead rows are never
           -- published: the look-up names no other condition, so that only
@@ -99,7 +100,7 @@ WITH floor AS MATERIALIZED (
                 AND (w.order_key, w.id) >= (o.order_key, (SELECT id FROM floor))
                 AND (w.order_key, w.id) < (o.order_key, o.id)
                 AND w.published_at IS NULL
-                AND (w.next_attempt_at > now()
+                AND (w.next_attempt_at > coalesce(sqlc.narg('now')::timestamptz, now())
                      OR w.claimed_at >= coalesce(sqlc.narg('now')::timestamptz, now()) - sqlc.arg(lease_ms)::bigint * interval '1 millisecond')
           )
       ))

@@ -22,7 +22,7 @@ WHERE inbox.id IN (
     FROM inbox i
     WHERE i.status = 'pending'
       AND i.id >= inbox_claim_floor()
-      AND i.next_attempt_at <= now()
+      AND i.next_attempt_at <= coalesce($4::timestamptz, now())
       AND i.claimed_at IS NULL
       AND (i.order_key IS NULL OR NOT EXISTS (
           SELECT 1 FROM inbox e
@@ -31,7 +31,7 @@ WHERE inbox.id IN (
             AND e.status <> 'processed'
       ))
     ORDER BY i.id
-    LIMIT $4
+    LIMIT $5
     FOR UPDATE SKIP LOCKED
 )
 RETURNING inbox.id, inbox.claimed_at::timestamptz AS claimed_at
@@ -41,6 +41,7 @@ type InboxClaimBatchParams struct {
 	Process string
 	Build   string
 	Session int64
+	Now     *time.Time
 	MaxRows int32
 }
 
@@ -61,7 +62,9 @@ type InboxClaimBatchRow struct {
 // orders proceed in parallel.
 //
 // session is the key of the liveness lock the claiming process holds (see
-// InboxHoldLiveness), or 0 when it holds none.
+// InboxHoldLiveness), or 0 when it holds none. A message is due once its
+// next_attempt_at has passed, measured against now, or now() when NULL (a
+// test sets it forward rather than wait out a retry delay).
 //
 // The scan starts at the claim floor (internal/claimfloor keeps it): under it
 // every message has ended, and an old snapshot would leave the index full
@@ -71,6 +74,7 @@ func (q *Queries) InboxClaimBatch(ctx context.Context, db DBTX, arg InboxClaimBa
 		arg.Process,
 		arg.Build,
 		arg.Session,
+		arg.Now,
 		arg.MaxRows,
 	)
 	if err != nil {
@@ -98,14 +102,14 @@ WITH target AS (
     FROM inbox i
     WHERE i.status = 'pending'
       AND i.id >= inbox_claim_floor()
-      AND i.next_attempt_at <= now()
+      AND i.next_attempt_at <= coalesce($1::timestamptz, now())
       AND i.claimed_at IS NOT NULL
       -- A live claim is never taken over: the lease covers only claims
       -- whose liveness is unknown (no session key), and the caller's own
       -- claims, which it is not handling if it has not locked them by then
       -- (its batch failed); the rows its batches hold locked are skipped.
-      AND CASE WHEN i.claimed_session IS NULL OR i.claimed_session = nullif($1::bigint, 0)
-               THEN i.claimed_at < coalesce($2::timestamptz, now()) - make_interval(secs => $3::float8)
+      AND CASE WHEN i.claimed_session IS NULL OR i.claimed_session = nullif($2::bigint, 0)
+               THEN i.claimed_at < coalesce($1::timestamptz, now()) - make_interval(secs => $3::float8)
                ELSE i.claimed_session NOT IN (SELECT inbox_live_sessions()) END
       -- A probe of the attempts' primary key per row (OFFSET 0 keeps the
       -- planner from making it a join that reads every attempt).
@@ -129,7 +133,7 @@ WITH target AS (
         claimed_at = now(),
         claimed_by = $6::text,
         claimed_build = $7::text,
-        claimed_session = nullif($1::bigint, 0)
+        claimed_session = nullif($2::bigint, 0)
     FROM target
     WHERE inbox.id = target.id
     RETURNING inbox.id, inbox.claimed_at
@@ -146,8 +150,8 @@ SELECT id, claimed_at::timestamptz AS claimed_at FROM claimed
 `
 
 type InboxClaimUnfinishedParams struct {
-	Session       int64
 	Now           *time.Time
+	Session       int64
 	LeaseSeconds  float64
 	FirstLossOnly bool
 	MaxRows       int32
@@ -166,8 +170,9 @@ type InboxClaimUnfinishedRow struct {
 // the lost attempt to inbox_attempts as abandoned. A claim is taken over
 // once no session holds its process's liveness lock (the process died), or,
 // for a claim without one, once it is older than lease_seconds: until then
-// its worker may be about to lock the row (the lease is measured against
-// now, or now() when NULL: a test sets it forward). A row that a worker has
+// its worker may be about to lock the row (the lease, and the retry delay,
+// are measured against now, or now() when NULL: a test sets it forward). A
+// row that a worker has
 // locked is skipped. As in InboxClaimBatch, a message waits while an earlier message
 // of its order is open.
 //
@@ -186,8 +191,8 @@ type InboxClaimUnfinishedRow struct {
 // a message whose handling crashes the server still counts its attempts.)
 func (q *Queries) InboxClaimUnfinished(ctx context.Context, db DBTX, arg InboxClaimUnfinishedParams) ([]InboxClaimUnfinishedRow, error) {
 	rows, err := db.Query(ctx, InboxClaimUnfinished,
-		arg.Session,
 		arg.Now,
+		arg.Session,
 		arg.LeaseSeconds,
 		arg.FirstLossOnly,
 		arg.MaxRows,
@@ -366,9 +371,9 @@ const InboxHasUnfinished = `-- name: InboxHasUnfinished :one
 SELECT EXISTS (
     SELECT 1 FROM inbox i
     WHERE i.status = 'pending' AND i.id >= inbox_claim_floor()
-      AND i.next_attempt_at <= now() AND i.claimed_at IS NOT NULL
-      AND CASE WHEN i.claimed_session IS NULL OR i.claimed_session = nullif($1::bigint, 0)
-               THEN i.claimed_at < coalesce($2::timestamptz, now()) - make_interval(secs => $3::float8)
+      AND i.next_attempt_at <= coalesce($1::timestamptz, now()) AND i.claimed_at IS NOT NULL
+      AND CASE WHEN i.claimed_session IS NULL OR i.claimed_session = nullif($2::bigint, 0)
+               THEN i.claimed_at < coalesce($1::timestamptz, now()) - make_interval(secs => $3::float8)
                ELSE i.claimed_session NOT IN (SELECT inbox_live_sessions()) END
       -- A probe of the attempts' primary key per claimed row (OFFSET 0 keeps
       -- the planner from turning it into a join): as a join, a plan made
@@ -383,8 +388,8 @@ SELECT EXISTS (
 `
 
 type InboxHasUnfinishedParams struct {
-	Session      int64
 	Now          *time.Time
+	Session      int64
 	LeaseSeconds float64
 }
 
@@ -394,9 +399,10 @@ type InboxHasUnfinishedParams struct {
 // there is one. Another process's live claim never counts, however old: it
 // is handling it (a slow batch). The caller's own claim counts past the
 // lease: it handles such a message only alone, so none of its batches has it.
-// The lease is measured against now, or now() when NULL.
+// The lease and the retry delay are measured against now, or now() when
+// NULL.
 func (q *Queries) InboxHasUnfinished(ctx context.Context, db DBTX, arg InboxHasUnfinishedParams) (bool, error) {
-	row := db.QueryRow(ctx, InboxHasUnfinished, arg.Session, arg.Now, arg.LeaseSeconds)
+	row := db.QueryRow(ctx, InboxHasUnfinished, arg.Now, arg.Session, arg.LeaseSeconds)
 	var has_unfinished bool
 	err := row.Scan(&has_unfinished)
 	return has_unfinished, err

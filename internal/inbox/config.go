@@ -58,9 +58,10 @@ type WorkerConfig struct {
 	// claims of a process whose liveness session ended (it died) are taken
 	// over at once. Defaults to 5 seconds.
 	ClaimLease time.Duration
-	// Now, when set, is the clock the claim lease is measured against;
-	// tests set it forward instead of sleeping past a lease. Nil, as the
-	// service leaves it, means the database's clock (now()).
+	// Now, when set, is the clock the claim lease and the retry delays are
+	// measured against; tests set it forward instead of sleeping past a
+	// lease or a delay. Nil, as the service leaves it, means the database's
+	// clock (now()).
 	Now func() time.Time
 	// FloorKeptElsewhere leaves the inbox's claim floor to a keeper run
 	// elsewhere (claimfloor.InboxKeeper, run by the elected leader: see

@@ -187,8 +187,8 @@ func (w *Worker) hasUnfinished(ctx context.Context) (bool, error) {
 	})
 }
 
-// now is the time the claim lease is measured against: nil, the
-// database's clock, unless a test set a clock.
+// now is the time the claim lease and the retry delays are measured
+// against: nil, the database's clock, unless a test set a clock.
 func (w *Worker) now() *time.Time {
 	if w.cfg.Now == nil {
 		return nil

@@ -202,6 +202,7 @@ func (w *Worker) claimNew(ctx context.Context) (int, error) {
 		Build:   w.cfg.Build,
 		MaxRows: int32(w.cfg.BatchSize),
 		Session: w.live.session(),
+		Now:     w.now(),
 	})
 	if err != nil {
 		return 0, fmt.Errorf("claim inbox batch: %w", err)

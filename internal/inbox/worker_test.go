@@ -340,16 +340,18 @@ func TestWorkerFailureIsBounded(t *testing.T) {
 		t.Parallel()
 		b := setupWorker(t)
 		insertMessages(t, b.db.Pool, 1)
-		const base = 400 * time.Millisecond
+		const base = 20 * time.Second
 		fails := 3
-		w := b.newWorker(t, b.db.Pool, inbox.WorkerConfig{MaxAttempts: 5, RetryBase: base, RetryMax: time.Minute})
+		// The worker's clock is set ahead past each delay (the delays are
+		// counted from the database's clock), not waited out.
+		var ahead atomic.Int64
+		w := b.newWorker(t, b.db.Pool, inbox.WorkerConfig{MaxAttempts: 5, RetryBase: base, RetryMax: time.Hour,
+			Now: func() time.Time { return time.Now().Add(time.Duration(ahead.Load())) }})
 		b.handler.failing["m-0"] = errors.New("not yet")
 		for attempt := 1; attempt <= fails; attempt++ {
-			require.Eventually(t, func() bool {
-				n, err := w.RunOnce(t.Context())
-				require.NoError(t, err)
-				return n == 1
-			}, 10*time.Second, 10*time.Millisecond, "attempt %d was due", attempt)
+			n, err := w.RunOnce(t.Context())
+			require.NoError(t, err)
+			require.Equal(t, 1, n, "attempt %d was due", attempt)
 			r := readRow(t, b.db.Pool, "m-0")
 			require.Equal(t, inbox.StatusPending, r.Status)
 			require.Equal(t, attempt, r.Attempts)
@@ -358,16 +360,18 @@ func TestWorkerFailureIsBounded(t *testing.T) {
 			full := base << (attempt - 1)
 			require.GreaterOrEqual(t, r.RetryDelay, full/2-time.Millisecond, "attempt %d", attempt)
 			require.LessOrEqual(t, r.RetryDelay, full, "attempt %d", attempt)
-			n, err := w.RunOnce(t.Context())
+			// Five seconds short of the delay: not due yet.
+			ahead.Store(int64(r.RetryDelay - 5*time.Second))
+			n, err = w.RunOnce(t.Context())
 			require.NoError(t, err)
 			require.Zero(t, n, "not claimed again before it is due")
+			ahead.Store(int64(r.RetryDelay + time.Second))
 		}
 		delete(b.handler.failing, "m-0")
-		require.Eventually(t, func() bool {
-			_, err := w.RunOnce(t.Context())
-			require.NoError(t, err)
-			return readRow(t, b.db.Pool, "m-0").Status == inbox.StatusProcessed
-		}, 10*time.Second, 10*time.Millisecond)
+		n, err := w.RunOnce(t.Context())
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+		require.Equal(t, inbox.StatusProcessed, readRow(t, b.db.Pool, "m-0").Status)
 		require.Equal(t, fails+1, readRow(t, b.db.Pool, "m-0").Attempts)
 		require.Equal(t, 1, b.db.Int(t, "SELECT count(*) FROM effects"), "effects once")
 	})

@@ -2,7 +2,9 @@ package outbox_test
 
 import (
 	"context"
+	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -43,13 +45,32 @@ func TestHeldBackRowsNeverFillABatch(t *testing.T) {
 	b.insertOrderRows(t, "o-stuck", "held", 1500)
 	b.insertOrderRows(t, "o-fresh", "fresh", 1)
 
-	b.startRelay(t, outbox.RelayConfig{BatchSize: 1000, PollInterval: time.Hour})
+	var ahead atomic.Int64 // how far the relay's clock runs ahead
+	r := b.startRelay(t, outbox.RelayConfig{BatchSize: 1000, PollInterval: time.Hour,
+		Now: func() time.Time { return time.Now().Add(time.Duration(ahead.Load())) }})
 	b.receive(t, map[string]bool{"fresh-0:order.confirmed": true})
 	// The event reaches the queue before the relay records it published.
 	require.Eventually(t, func() bool { return b.unpublished(t) == 1501 }, 10*time.Second, 10*time.Millisecond,
 		"o-stuck's rows all wait, in order: only o-fresh's is published")
 	require.Zero(t, b.db.Int(t, `SELECT count(*) FROM outbox WHERE order_key = 'o-stuck' AND attempts > 0`),
 		"no held-back row was even claimed")
+
+	// Once the relay's clock has passed the retry, the order goes out, in
+	// order.
+	ahead.Store(int64(time.Hour + time.Minute))
+	r.Notify()
+	want := []string{"stuck-0:order.confirmed"}
+	for i := range 1500 {
+		want = append(want, fmt.Sprintf("held-%d:order.confirmed", i))
+	}
+	for _, key := range want {
+		select {
+		case d := <-b.received:
+			require.Equal(t, key, d.MessageId, "o-stuck's rows in the order they were written")
+		case <-time.After(30 * time.Second):
+			t.Fatalf("%s not published once the retry was due", key)
+		}
+	}
 }
 
 // A row the client cannot send ends dead after MaxAttempts, with its

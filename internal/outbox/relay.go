@@ -65,9 +65,10 @@ type RelayConfig struct {
 	// passed. This release's relays hold their rows by a row lock, which
 	// ends with their connection. Defaults to 30 seconds.
 	Lease time.Duration
-	// Now, when set, is the clock the Lease is measured against; tests set
-	// it forward instead of waiting a lease out. Nil, as the service leaves
-	// it, means the database's clock (now()).
+	// Now, when set, is the clock the Lease and the retry delays are
+	// measured against; tests set it forward instead of waiting a lease or
+	// a delay out. Nil, as the service leaves it, means the database's clock
+	// (now()).
 	Now func() time.Time
 	// FloorKeptElsewhere leaves the outbox's claim floor to a keeper run
 	// elsewhere (claimfloor.OutboxKeeper, run by the elected leader: see
