@@ -1,9 +1,15 @@
+//go:build !race
+
+// Not built with the race detector: these tests read files and parse
+// PromQL, with nothing concurrent for it to watch, and PromQL's parser
+// (github.com/prometheus/prometheus) would be compiled a second time,
+// instrumented, for the race run (make test-race) alone.
+
 package main
 
 import (
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"os"
 	"regexp"
 	"slices"
@@ -12,7 +18,6 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
-	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	"github.com/prometheus/prometheus/model/labels"
 	"github.com/prometheus/prometheus/promql/parser"
@@ -214,19 +219,6 @@ func exported(families map[string]*dto.MetricFamily, name string) bool {
 		}
 	}
 	return false
-}
-
-// scrapeFamilies reads /metrics as metric families.
-func scrapeFamilies(t *testing.T, addr string) map[string]*dto.MetricFamily {
-	t.Helper()
-	resp, err := http.Get("http://" + addr + "/metrics")
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	require.Equal(t, http.StatusOK, resp.StatusCode)
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := p.TextToMetricFamilies(resp.Body)
-	require.NoError(t, err)
-	return families
 }
 
 // The dashboard imports into any Grafana: a Prometheus datasource variable

@@ -374,6 +374,9 @@ func TestGracefulStopUnderLoad(t *testing.T) {
 }
 
 func TestMain_ConfigurationErrors(t *testing.T) {
+	if raceEnabled {
+		t.Skip(noRaceToWatch)
+	}
 	t.Parallel()
 	base := map[string]string{
 		"DATABASE_URL": "postgres://inbox:s3cr3t-pw@127.0.0.1:5432/inbox",

@@ -1,3 +1,10 @@
+//go:build !race
+
+// Not built with the race detector: these tests read manifests, with
+// nothing concurrent for it to watch, and the Kubernetes API types
+// (k8s.io/api) would be compiled a second time, instrumented, for the race
+// run (make test-race) alone.
+
 package main
 
 import (

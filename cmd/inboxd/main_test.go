@@ -25,6 +25,12 @@ var inboxdPath, crashingInboxdPath string
 // testBuild is the build name of the inboxd binaries the tests run.
 const testBuild = "test-build"
 
+// noRaceToWatch is why a test skips under the race detector (make
+// test-race) when all it checks is what inboxd prints, detects or refuses
+// as it starts: nothing runs concurrently by then, and the plain run
+// (make test) checks the same.
+const noRaceToWatch = "checks what inboxd prints, detects or refuses as it starts, before anything runs concurrently: nothing for the race detector to watch"
+
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "inboxd-test-")
 	if err != nil {

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/require"
 
 	"github.com/orderconfirm/inboxd/internal/doctable"
@@ -297,4 +299,17 @@ func TestScrapesNeverTakeTheRelaysConnections(t *testing.T) {
 	gaugeReads := after[`inboxd_pool_acquires_total{pool="gauges"}`] - before[`inboxd_pool_acquires_total{pool="gauges"}`]
 	require.LessOrEqual(t, gaugeReads, elapsed.Seconds()/metrics.GaugeReadInterval.Seconds()+2,
 		"the gauges were read at most once a second in %s", elapsed)
+}
+
+// scrapeFamilies reads /metrics as metric families.
+func scrapeFamilies(t *testing.T, addr string) map[string]*dto.MetricFamily {
+	t.Helper()
+	resp, err := http.Get("http://" + addr + "/metrics")
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := p.TextToMetricFamilies(resp.Body)
+	require.NoError(t, err)
+	return families
 }

@@ -171,6 +171,9 @@ const refusal = "inboxd: the database connection is pooled per transaction (PgBo
 // turn instead of last in, first out; with default_pool_size 1 there is
 // one server connection for every client.
 func TestRefusesPoolingPerTransaction(t *testing.T) {
+	if raceEnabled {
+		t.Skip(noRaceToWatch)
+	}
 	t.Parallel()
 	for name, settings := range map[string]map[string]string{
 		"Transaction":           {"pool_mode": "transaction"},
@@ -223,6 +226,9 @@ func TestRefusesPoolingPerTransaction(t *testing.T) {
 // transaction or statement pooling never for session pooling (inboxd would
 // run with its session state scattered).
 func TestDetectPoolingThroughPgBouncer(t *testing.T) {
+	if raceEnabled {
+		t.Skip(noRaceToWatch)
+	}
 	t.Parallel()
 	db := testenv.NewDB(t)
 	for name, c := range map[string]struct {

@@ -20,6 +20,9 @@ import (
 // parse or its connection fails (a closed port), for passwords holding
 // the characters URLs reserve.
 func TestPasswordsAreNeverPrinted(t *testing.T) {
+	if raceEnabled {
+		t.Skip(noRaceToWatch)
+	}
 	t.Parallel()
 	db := testenv.NewDB(t) // serve gets as far as the broker with it
 	const prefix = "Zx7q"  // no piece of a password may show either
@@ -90,6 +93,9 @@ func decoded(pw string) string {
 // bearer token) appear nowhere in inboxd's output, not even where the
 // OpenTelemetry SDK itself quotes one it cannot read.
 func TestOTLPHeaderValuesAreNeverPrinted(t *testing.T) {
+	if raceEnabled {
+		t.Skip(noRaceToWatch)
+	}
 	t.Parallel()
 	db := testenv.NewDB(t)
 	out := runBriefly(t, "DATABASE_URL="+db.URL, "AMQP_URL=amqp://guest:guest@127.0.0.1:1/", "HTTP_ADDR=127.0.0.1:0",
