@@ -91,7 +91,8 @@ type workerBundle struct {
 
 // leaseEnded is a worker clock that stands lease ahead of the time it was
 // made: the claims made before then are past a lease of that length, those
-// made since are not.
+// made since are not. It stands still, so a message stored more than lease
+// after it was made is not due by it.
 func leaseEnded(lease time.Duration) func() time.Time {
 	at := time.Now().Add(lease)
 	return func() time.Time { return at }
@@ -979,17 +980,17 @@ func TestASlowBatchSlowsOnlyItself(t *testing.T) {
 		},
 		Handler: h, Logger: testenv.Logger(t), Concurrency: 2, BatchSize: 10,
 		PollInterval: 20 * time.Millisecond, HandlerTimeout: time.Minute,
-		// Longer than a loaded machine may take between a claim's commit
-		// and its batch's lock of the row, when the row is the worker's own
-		// claim past its lease and nobody's lock keeps it from a takeover.
-		ClaimLease: time.Second,
+		// The clock below stands a lease ahead, still: the messages stored
+		// within a lease after the slow batch began are due by it (a
+		// second was too short for the twenty on a loaded machine).
+		ClaimLease: time.Minute,
 	})
 	require.NoError(t, err)
 	insertOrdered(t, b.db.Pool, "slow", "")
 	require.NoError(t, w.Start(t.Context()))
 	t.Cleanup(func() { w.Stop(context.WithoutCancel(t.Context())) })
 	<-h.entered
-	past := leaseEnded(time.Second) // the slow batch's claim is past its lease
+	past := leaseEnded(time.Minute) // the slow batch's claim is past its lease
 	clock.Store(&past)
 
 	for i := range 20 {
