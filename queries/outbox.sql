@@ -49,31 +49,32 @@ SELECT pg_notify('outbox_pending', current_schema()) FROM (SELECT 1 FROM inserte
 -- publishing are left out after it, and are at most that relay's batch.
 --
 -- The scan starts at the claim floor (internal/claimfloor keeps it): under it
--- every row is published or dead. So do the look-ups of an order's earlier
--- open rows; its dead rows are looked up in an index of their own. None of
--- them reads an index of open rows from its start: a snapshot held open
--- fills it with the entries of every row published since (and with
--- statistics the planner took that for cheap: 0.9 s a claim after 60 s
--- held at 500 orders/s).
+-- every row is published or dead. It does not read the index of open rows
+-- from its start: a snapshot held open fills it with the entries of every
+-- row published since (and with statistics the planner took that for
+-- cheap: 0.9 s a claim after 60 s held at 500 orders/s).
 --
--- The floor is read once, in floor, for every look-up: it lives in a
--- sequence, which no snapshot holds still, and keepers raise it while the
--- statement runs. Read at each look-up, a row could be held back by an
--- earlier row of its order that a later look-up no longer saw, once the
--- floor had passed it, and the rows after it published without it.
+-- The look-ups of an order's earlier rows do not start at the floor: they
+-- read that order's rows alone (outbox_order_key_unpublished_idx, and
+-- outbox_dead_order_key_idx for its dead rows), a handful of entries. The
+-- floor lives in a sequence, which no snapshot holds still: keepers raise
+-- it while a claim runs, past rows that are open in the claim's snapshot
+-- and have ended since (published, or dead). Bounded by the floor, a
+-- look-up missed such a row: an order's later rows went out ahead of an
+-- earlier one that died meanwhile and was replayed, and, with the floor
+-- read at each look-up, ahead of one another relay had claimed. The hold
+-- back reads the snapshot alone.
 --
 -- claimed_at is set only by releases before this one, which claimed rows in
 -- a transaction of their own; such a claim is respected for lease_ms. The
 -- lease and the retry delays (next_attempt_at) are measured against now,
 -- or now() when NULL (a test sets it forward).
-WITH floor AS MATERIALIZED (
-    SELECT outbox_claim_floor() AS id
-), candidate AS (
+WITH candidate AS (
     SELECT o.id, o.order_key
     FROM outbox o
     WHERE o.published_at IS NULL
       AND o.dead_at IS NULL
-      AND o.id >= (SELECT id FROM floor)
+      AND o.id >= outbox_claim_floor()
       AND (o.claimed_at IS NULL OR o.claimed_at < coalesce(sqlc.narg('now')::timestamptz, now()) - sqlc.arg(lease_ms)::bigint * interval '1 millisecond')
       AND o.next_attempt_at <= coalesce(sqlc.narg('now')::timestamptz, now())
       AND (o.order_key IS NULL OR (
@@ -85,19 +86,16 @@ WITH floor AS MATERIALIZED (
               WHERE d.order_key = o.order_key AND d.id < o.id AND d.dead_at IS NOT NULL
           )
           -- An earlier row of the order waiting for a retry or under a
-          -- lease: such a row is open, so at the floor or above. The
-          -- bounds are written on (order_key, id) together, which
+          -- lease. The bound is written on (order_key, id) together, which
           -- outbox_order_key_unpublished_idx serves, and on nothing else:
-          -- with bounds on id, the planner took a range of the open rows'
+          -- with a bound on id, the planner took a range of the open rows'
           -- index, or of the primary key, and read every other order's
-          -- row between the floor and this one, for each candidate
-          -- (90,000 entries for a claim of 300 orders). The look-up names
-          -- no dead_at condition, so the open rows' index cannot serve it
-          -- (outbox_open_idx).
+          -- row before this one, for each candidate (90,000 entries for a
+          -- claim of 300 orders). The look-up names no dead_at condition,
+          -- so the open rows' index cannot serve it (outbox_open_idx).
           AND NOT EXISTS (
               SELECT 1 FROM outbox w
               WHERE w.order_key = o.order_key
-                AND (w.order_key, w.id) >= (o.order_key, (SELECT id FROM floor))
                 AND (w.order_key, w.id) < (o.order_key, o.id)
                 AND w.published_at IS NULL
                 AND (w.next_attempt_at > coalesce(sqlc.narg('now')::timestamptz, now())
@@ -118,7 +116,6 @@ WHERE outbox.id = c.id
   AND (c.order_key IS NULL OR NOT EXISTS (
       SELECT 1 FROM outbox e
       WHERE e.order_key = c.order_key
-        AND (e.order_key, e.id) >= (c.order_key, (SELECT id FROM floor))
         AND (e.order_key, e.id) < (c.order_key, c.id)
         AND e.published_at IS NULL
         AND e.id NOT IN (SELECT id FROM candidate)

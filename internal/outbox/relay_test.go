@@ -252,7 +252,8 @@ func TestRelay(t *testing.T) {
 		b.startRelay(t, outbox.RelayConfig{BatchSize: 16})
 		b.startRelay(t, outbox.RelayConfig{BatchSize: 16})
 		// Keepers of other processes raise the floor as well, as often as
-		// they can: a claim must not read a floor that moved under it.
+		// they can, past rows a claim's snapshot still sees open: the
+		// claim's hold-back must not depend on where the floor stands.
 		ctx, stop := context.WithCancel(t.Context())
 		var keepers sync.WaitGroup
 		t.Cleanup(func() { stop(); keepers.Wait() })
