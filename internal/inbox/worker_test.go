@@ -345,9 +345,8 @@ func TestWorkerFailureIsBounded(t *testing.T) {
 		fails := 3
 		// The worker's clock is set ahead past each delay (the delays are
 		// counted from the database's clock), not waited out.
-		var ahead atomic.Int64
-		w := b.newWorker(t, b.db.Pool, inbox.WorkerConfig{MaxAttempts: 5, RetryBase: base, RetryMax: time.Hour,
-			Now: func() time.Time { return time.Now().Add(time.Duration(ahead.Load())) }})
+		var clock testenv.Clock
+		w := b.newWorker(t, b.db.Pool, inbox.WorkerConfig{MaxAttempts: 5, RetryBase: base, RetryMax: time.Hour, Now: clock.Now})
 		b.handler.failing["m-0"] = errors.New("not yet")
 		for attempt := 1; attempt <= fails; attempt++ {
 			n, err := w.RunOnce(t.Context())
@@ -362,11 +361,11 @@ func TestWorkerFailureIsBounded(t *testing.T) {
 			require.GreaterOrEqual(t, r.RetryDelay, full/2-time.Millisecond, "attempt %d", attempt)
 			require.LessOrEqual(t, r.RetryDelay, full, "attempt %d", attempt)
 			// Five seconds short of the delay: not due yet.
-			ahead.Store(int64(r.RetryDelay - 5*time.Second))
+			clock.SetAhead(r.RetryDelay - 5*time.Second)
 			n, err = w.RunOnce(t.Context())
 			require.NoError(t, err)
 			require.Zero(t, n, "not claimed again before it is due")
-			ahead.Store(int64(r.RetryDelay + time.Second))
+			clock.SetAhead(r.RetryDelay + time.Second)
 		}
 		delete(b.handler.failing, "m-0")
 		n, err := w.RunOnce(t.Context())

@@ -4,13 +4,13 @@ import (
 	"context"
 	"fmt"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/orderconfirm/inboxd/internal/outbox"
+	"github.com/orderconfirm/inboxd/internal/testenv"
 )
 
 // exec runs sql as the schema's owner, as an operator or an earlier build
@@ -45,9 +45,8 @@ func TestHeldBackRowsNeverFillABatch(t *testing.T) {
 	b.insertOrderRows(t, "o-stuck", "held", 1500)
 	b.insertOrderRows(t, "o-fresh", "fresh", 1)
 
-	var ahead atomic.Int64 // how far the relay's clock runs ahead
-	r := b.startRelay(t, outbox.RelayConfig{BatchSize: 1000, PollInterval: time.Hour,
-		Now: func() time.Time { return time.Now().Add(time.Duration(ahead.Load())) }})
+	var clock testenv.Clock // the relay's
+	r := b.startRelay(t, outbox.RelayConfig{BatchSize: 1000, PollInterval: time.Hour, Now: clock.Now})
 	b.receive(t, map[string]bool{"fresh-0:order.confirmed": true})
 	// The event reaches the queue before the relay records it published.
 	require.Eventually(t, func() bool { return b.unpublished(t) == 1501 }, 10*time.Second, 10*time.Millisecond,
@@ -57,7 +56,7 @@ func TestHeldBackRowsNeverFillABatch(t *testing.T) {
 
 	// Once the relay's clock has passed the retry, the order goes out, in
 	// order.
-	ahead.Store(int64(time.Hour + time.Minute))
+	clock.SetAhead(time.Hour + time.Minute)
 	r.Notify()
 	want := []string{"stuck-0:order.confirmed"}
 	for i := range 1500 {

@@ -7,7 +7,6 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -186,17 +185,17 @@ func TestRelay(t *testing.T) {
 		require.NoError(t, err)
 
 		// The relay's clock stands a minute short of the lease, then past it.
-		var later atomic.Int64
-		later.Store(int64(time.Hour - time.Minute))
+		var clock testenv.Clock
+		clock.SetAhead(time.Hour - time.Minute)
 		r := b.startRelay(t, outbox.RelayConfig{Lease: time.Hour,
-			Now: func() time.Time { return time.Now().Add(time.Duration(later.Load())) }})
+			Now: clock.Now})
 		require.Eventually(t, r.Connected, 10*time.Second, 10*time.Millisecond)
 		for range 3 { // three claims at the poll interval (50 ms)
 			r.Notify()
 			time.Sleep(50 * time.Millisecond)
 		}
 		require.Equal(t, 50, b.unpublished(t), "published before the lease passed")
-		later.Store(int64(time.Hour + time.Second))
+		clock.SetAhead(time.Hour + time.Second)
 		r.Notify()
 		seen := b.receive(t, keys)
 		require.Len(t, seen, 50)
