@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -178,11 +177,33 @@ func (n *ClusterNode) awaitStartup() error {
 	deadline := time.Now().Add(clusterNodeBoot)
 	for {
 		err := n.ctl("await_startup", "--timeout", "60")
-		if err == nil || time.Now().After(deadline) {
-			return err
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%w\n%s", err, n.logTail())
 		}
 		time.Sleep(500 * time.Millisecond)
 	}
+}
+
+// logTail returns the end of the node's log, or says it wrote none (as a
+// node does that dies while booting, its distribution port taken).
+func (n *ClusterNode) logTail() string {
+	logs, _ := filepath.Glob(filepath.Join(n.dir, "log", "*.log"))
+	var b strings.Builder
+	for _, name := range logs {
+		text, err := os.ReadFile(name)
+		if err != nil {
+			continue
+		}
+		lines := strings.Split(strings.TrimSpace(string(text)), "\n")
+		fmt.Fprintf(&b, "the end of %s:\n%s\n", filepath.Base(name), strings.Join(lines[max(0, len(lines)-30):], "\n"))
+	}
+	if b.Len() == 0 {
+		return fmt.Sprintf("node %s wrote no log in %s", n.Name, n.dir)
+	}
+	return b.String()
 }
 
 // command runs name as the rabbitmq user, addressed to this node.
@@ -266,13 +287,4 @@ func (n *ClusterNode) Kill(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-}
-
-// freePort returns a TCP port of 127.0.0.1 free at the time of the call.
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
 }
