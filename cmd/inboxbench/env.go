@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/url"
 	"os"
 	"os/exec"
@@ -18,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/orderconfirm/inboxd/internal/broker"
+	"github.com/orderconfirm/inboxd/internal/freeport"
 	"github.com/orderconfirm/inboxd/internal/loadgen"
 	"github.com/orderconfirm/inboxd/internal/migrate"
 	"github.com/orderconfirm/inboxd/internal/pgsession"
@@ -123,7 +123,7 @@ func (e *benchEnv) close() {
 // startInboxd runs `inboxd serve` on the scenario's schema and virtual
 // host, and returns it with its HTTP address.
 func (e *benchEnv) startInboxd(o *options, env ...string) (*service, string, error) {
-	httpAddr, err := freeAddr()
+	httpAddr, err := freeport.Addr()
 	if err != nil {
 		return nil, "", err
 	}
@@ -248,15 +248,6 @@ func (s *service) stop() {
 		_ = s.cmd.Process.Kill()
 		<-s.done
 	}
-}
-
-func freeAddr() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
 }
 
 func waitReady(ctx context.Context, httpAddr string) error {

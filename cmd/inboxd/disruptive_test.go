@@ -13,6 +13,7 @@ import (
 	"github.com/orderconfirm/inboxd/internal/broker"
 	"github.com/orderconfirm/inboxd/internal/dbsqlc"
 	"github.com/orderconfirm/inboxd/internal/loadgen"
+	"github.com/orderconfirm/inboxd/internal/testenv"
 )
 
 // The tests in this file restart the shared PostgreSQL and RabbitMQ servers,
@@ -113,7 +114,7 @@ func TestDisruptiveMemoryAlarm(t *testing.T) {
 		return exec.Command("rabbitmq-diagnostics", "-q", "check_local_alarms").Run() != nil
 	}, 30*time.Second, 100*time.Millisecond, "the memory alarm is on")
 
-	addr := freeAddr(t)
+	addr := testenv.FreeAddr(t)
 	env := serviceEnv(b.db, b.broker, "INBOX_SHUTDOWN_TIMEOUT=5s", "INBOX_INGEST_BATCH_SIZE=50", "HTTP_ADDR="+addr)
 	p := startProcess(t, env)
 	// Every order is stored (and acked) though nothing can be published,

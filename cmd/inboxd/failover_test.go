@@ -58,7 +58,7 @@ func failOver(t *testing.T, synchronous bool) (*e2eBundle, *loadgen.Workload) {
 	require.NoError(t, loadgen.DeclareTopology(mq.URL, broker.QueueTypeQuorum))
 	b := newBundle(&testenv.DB{URL: pair.URL(), Pool: pool}, mq)
 	b.subscribeDownstream(t)
-	addr := freeAddr(t)
+	addr := testenv.FreeAddr(t)
 	p := startProcess(t, serviceEnv(b.db, mq, "INBOX_CLAIM_LEASE=1s", "HTTP_ADDR="+addr))
 	t.Cleanup(func() { require.False(t, p.exited(), "followed the new primary without a restart") })
 	require.Eventually(t, func() bool {

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/orderconfirm/inboxd/internal/testenv"
 )
 
 // Acceptance: a client that opens a connection and stalls, in its headers
@@ -56,7 +58,7 @@ func TestSlowClientsAreCutOff(t *testing.T) {
 func TestHealthcheck(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
-	_, port, err := net.SplitHostPort(freeAddr(t))
+	_, port, err := net.SplitHostPort(testenv.FreeAddr(t))
 	require.NoError(t, err)
 	p := startProcess(t, serviceEnv(b.db, b.broker, "HTTP_ADDR=:"+port))
 	require.Eventually(t, func() bool {

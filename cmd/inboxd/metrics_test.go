@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/url"
 	"slices"
@@ -22,16 +21,8 @@ import (
 	"github.com/orderconfirm/inboxd/internal/doctable"
 	"github.com/orderconfirm/inboxd/internal/loadgen"
 	"github.com/orderconfirm/inboxd/internal/metrics"
+	"github.com/orderconfirm/inboxd/internal/testenv"
 )
-
-// freeAddr returns a loopback address nothing listens on.
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer ln.Close()
-	return ln.Addr().String()
-}
 
 func httpGet(t *testing.T, rawURL string) (int, string) {
 	t.Helper()
@@ -49,7 +40,7 @@ func httpGet(t *testing.T, rawURL string) (int, string) {
 // process and that address.
 func startServing(t *testing.T, b *e2eBundle, extra ...string) (*process, string) {
 	t.Helper()
-	addr := freeAddr(t)
+	addr := testenv.FreeAddr(t)
 	p := startProcess(t, serviceEnv(b.db, b.broker, append(extra, "HTTP_ADDR="+addr)...))
 	require.Eventually(t, func() bool {
 		status, _ := httpGet(t, "http://"+addr+"/readyz")
@@ -148,7 +139,7 @@ func TestMetricsAndReadiness(t *testing.T) {
 	require.NoError(t, err)
 	proxy := startPGProxy(t, u.Host, 1<<62) // forwards everything
 	u.Host = proxy.addr()
-	addr := freeAddr(t)
+	addr := testenv.FreeAddr(t)
 	startProcess(t, append(serviceEnv(b.db, b.broker), "DATABASE_URL="+u.String(), "HTTP_ADDR="+addr))
 	require.Eventually(t, func() bool {
 		status, _ := httpGet(t, "http://"+addr+"/readyz")

@@ -63,7 +63,7 @@ func startPgBouncer(t *testing.T, databaseURL string, settings map[string]string
 	require.NoError(t, err)
 	server, port, err := net.SplitHostPort(u.Host)
 	require.NoError(t, err)
-	listen := freeAddr(t)
+	listen := testenv.FreeAddr(t)
 	_, listenPort, err := net.SplitHostPort(listen)
 	require.NoError(t, err)
 

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/orderconfirm/inboxd/internal/loadgen"
+	"github.com/orderconfirm/inboxd/internal/testenv"
 )
 
 // inboxd serves the status page and its JSON on HTTP_ADDR, next to
@@ -19,7 +20,7 @@ func TestStatusPageServed(t *testing.T) {
 	b := setup(t)
 
 	t.Run("On", func(t *testing.T) {
-		addr, pprofAddr := freeAddr(t), freeAddr(t)
+		addr, pprofAddr := testenv.FreeAddr(t), testenv.FreeAddr(t)
 		startProcess(t, serviceEnv(b.db, b.broker, "HTTP_ADDR="+addr, "INBOX_PPROF_ADDR="+pprofAddr))
 		require.Eventually(t, func() bool {
 			status, _ := httpGet(t, "http://"+addr+"/readyz")
@@ -72,7 +73,7 @@ func TestStatusPageServed(t *testing.T) {
 	})
 
 	t.Run("Off", func(t *testing.T) {
-		addr := freeAddr(t)
+		addr := testenv.FreeAddr(t)
 		startProcess(t, serviceEnv(b.db, b.broker, "HTTP_ADDR="+addr, "INBOX_STATUS_PAGE=false"))
 		require.Eventually(t, func() bool {
 			status, _ := httpGet(t, "http://"+addr+"/healthz")

@@ -24,6 +24,7 @@ import (
 
 	"github.com/orderconfirm/inboxd/internal/broker"
 	"github.com/orderconfirm/inboxd/internal/loadgen"
+	"github.com/orderconfirm/inboxd/internal/testenv"
 )
 
 // otlpReceiver is an OTLP/HTTP trace endpoint that keeps every span it is
@@ -168,7 +169,7 @@ func TestTraceFollowsAnOrder(t *testing.T) {
 	t.Parallel()
 	b := setup(t)
 	receiver := startOTLPReceiver(t)
-	addr := freeAddr(t)
+	addr := testenv.FreeAddr(t)
 	p := startProcess(t, serviceEnv(b.db, b.broker,
 		"HTTP_ADDR="+addr,
 		"OTEL_EXPORTER_OTLP_ENDPOINT="+receiver.url,

@@ -25,7 +25,7 @@ func TestUnroutableEventsWaitAndAreRedelivered(t *testing.T) {
 	require.NoError(t, loadgen.DeclareTopology(b.broker.URL, broker.QueueTypeQuorum))
 	_, err := b.db.Pool.Exec(t.Context(), "INSERT INTO stock (sku, available) VALUES ('SKU-1', $1), ('SKU-2', $1), ('SKU-3', $1)", initialStock)
 	require.NoError(t, err)
-	addr := freeAddr(t)
+	addr := testenv.FreeAddr(t)
 	env := append(serviceEnv(b.db, b.broker), "HTTP_ADDR="+addr)
 	startProcess(t, env)
 
