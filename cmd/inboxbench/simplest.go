@@ -445,7 +445,11 @@ func (s *simplest) workOnce(ctx context.Context) (int, error) {
 	for i, m := range msgs {
 		ids[i] = m.ID
 	}
-	if _, err := tx.Exec(ctx, "UPDATE inbox SET processed_at = now() WHERE id = ANY($1)", ids); err != nil {
+	// The mark's own statement time, after the handling, as inboxd's
+	// outcome statement records it: now() would be the transaction's
+	// start, before the claim, and leave the claim and the handling out
+	// of the ruler's latency.
+	if _, err := tx.Exec(ctx, "UPDATE inbox SET processed_at = statement_timestamp() WHERE id = ANY($1)", ids); err != nil {
 		return 0, fmt.Errorf("mark processed: %w", err)
 	}
 	return len(msgs), tx.Commit(ctx)

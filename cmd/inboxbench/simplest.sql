@@ -4,7 +4,8 @@
 -- nothing its flow does not need.
 
 -- One row per unique message. The unique message_id is the dedupe;
--- processed_at is set by the transaction that handles the message.
+-- processed_at is set by the transaction that handles the message, at the
+-- statement that marks it, after the handling (as inboxd's is).
 -- message_type is the AMQP type, else the routing key: the handler needs it
 -- to tell an order.created from an order.cancelled.
 CREATE TABLE inbox (
