@@ -51,16 +51,20 @@ WITH released AS (
 SELECT count(*)::integer FROM given;
 
 -- name: StockFoldLock :many
--- StockFoldLock locks, in SKU order, the stock rows of at most max_skus
--- SKUs that have moves to fold and that no other transaction holds, and
--- returns their SKUs. A SKU's moves past its fold are found by one index
--- probe: as a semi-join the planner merged stock with the whole of
+-- StockFoldLock locks, in SKU order from from_sku on, the stock rows of at
+-- most max_skus SKUs that have moves to fold and that no other transaction
+-- holds, and returns their SKUs. A fold passes the last SKU of one batch
+-- as the next batch's from_sku ('' first: no SKU sorts before it), so
+-- that each batch reads the stock rows past the last, not those every
+-- batch before it has folded. A SKU's moves past its fold are found by one
+-- index probe: as a semi-join the planner merged stock with the whole of
 -- stock_moves' index, and read every folded move a held snapshot keeps,
 -- at every fold.
 SELECT s.sku FROM stock s
 CROSS JOIN LATERAL (SELECT 1 FROM stock_moves m
                     WHERE m.sku = s.sku AND m.id > s.folded_through
                     LIMIT 1) m
+WHERE s.sku >= @from_sku::text
 ORDER BY s.sku LIMIT @max_skus::integer
 FOR UPDATE OF s SKIP LOCKED;
 

@@ -20,12 +20,14 @@ import (
 // snapshot sees.
 const StockFoldIntervalDefault = 30 * time.Second
 
-// stockFoldBatch is the most SKUs one fold locks and folds in one
-// transaction, and stockFoldBatches the most transactions of one FoldStock.
-const (
-	stockFoldBatch   = 1000
-	stockFoldBatches = 100
-)
+// stockFoldBatch is the most SKUs one fold transaction locks and folds.
+// Kept small: a batch of orders that needs one of these SKUs waits for the
+// whole transaction (the fold, then a delete of each SKU's folded moves).
+// A fold of 1,000 SKUs in one transaction held the stock rows for about
+// 120 ms, and each fold raised the p99 of the 12 s window it fell in from
+// 26-35 ms to 86 ms at 1,000 orders/s (BENCHMARKS.md, "The stock fold in
+// small transactions").
+const stockFoldBatch = 50
 
 // foldedMovesWait is how long a fold waits for a folded move that another
 // session has locked (an owner's SELECT ... FOR UPDATE) before it leaves
@@ -49,34 +51,37 @@ func FoldStockEvery(ctx context.Context, db Beginner, logger *slog.Logger, inter
 
 // FoldStock folds the moves of every SKU whose stock row no other
 // transaction holds into stock.available, stockFoldBatch SKUs per
-// transaction, and returns how many SKUs it folded. The levels stay as
-// they were. Each batch is a READ COMMITTED transaction of its own (a
-// snapshot of an older start could miss a move committed since), and
-// there are stockFoldBatches at most.
+// transaction in SKU order, and returns how many SKUs it folded. The
+// levels stay as they were. Each batch is a READ COMMITTED transaction of
+// its own (a snapshot of an older start could miss a move committed
+// since); it starts at the last SKU of the batch before, so a fold ends
+// once it has passed the last SKU, whatever moves are written meanwhile.
 func FoldStock(ctx context.Context, db Beginner) (int, error) {
 	total := 0
-	// A batch that folds as many SKUs as it may leaves more to fold, but
-	// moves written meanwhile may keep it full: stockFoldBatches at most.
-	for range stockFoldBatches {
-		var n int
+	from := "" // no SKU sorts before it
+	for {
+		var locked []string
+		var folded int
 		err := pgx.BeginTxFunc(ctx, db, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) (err error) {
-			n, err = foldBatch(ctx, tx)
+			locked, folded, err = foldBatch(ctx, tx, from)
 			return err
 		})
 		if err != nil {
 			return total, err
 		}
-		total += n
-		if n < stockFoldBatch {
-			break
+		total += folded
+		if len(locked) < stockFoldBatch {
+			return total, nil
 		}
+		// The last SKU again: folded, it has no moves left unless one was
+		// written since, and then it is folded once more.
+		from = locked[len(locked)-1]
 	}
-	return total, nil
 }
 
-// foldBatch folds the moves of stockFoldBatch SKUs at most, those with
-// moves to fold whose rows nobody holds, in tx, and returns how many SKUs
-// it folded.
+// foldBatch folds the moves of stockFoldBatch SKUs at most, from the SKU
+// from on, those with moves to fold whose rows nobody holds, in tx, and
+// returns the SKUs it locked, in SKU order, and how many it folded.
 //
 //   - It locks their stock rows, in SKU order, skipping those another
 //     session holds.
@@ -90,15 +95,15 @@ func FoldStock(ctx context.Context, db Beginner) (int, error) {
 //     moves a held snapshot keeps. A move another session has locked is
 //     waited for foldedMovesWait at most (see waitAtMost), then left where
 //     it is, under folded_through, where nothing reads it.
-func foldBatch(ctx context.Context, tx pgx.Tx) (int, error) {
+func foldBatch(ctx context.Context, tx pgx.Tx, from string) ([]string, int, error) {
 	q := dbsqlc.New()
-	skus, err := q.StockFoldLock(ctx, tx, stockFoldBatch)
+	skus, err := q.StockFoldLock(ctx, tx, dbsqlc.StockFoldLockParams{FromSku: from, MaxSkus: stockFoldBatch})
 	if err != nil || len(skus) == 0 {
-		return 0, err
+		return nil, 0, err
 	}
 	folded, err := q.StockFoldMany(ctx, tx, skus)
 	if err != nil || len(folded) == 0 {
-		return 0, err
+		return skus, 0, err
 	}
 	deletes := func(query string) func(*pgx.Batch) {
 		return func(b *pgx.Batch) {
@@ -114,7 +119,7 @@ func foldBatch(ctx context.Context, tx pgx.Tx) (int, error) {
 		}
 	}
 	if err := waitAtMost(ctx, tx, foldedMovesWait, lock, then); err != nil {
-		return 0, err
+		return nil, 0, err
 	}
-	return len(folded), nil
+	return skus, len(folded), nil
 }

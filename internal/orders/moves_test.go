@@ -67,6 +67,41 @@ func TestOrdersTakeStockWithoutRewritingItsRow(t *testing.T) {
 	require.Zero(t, n, "nothing left to fold")
 }
 
+// A fold holds few stock rows at a time: it folds every SKU with moves,
+// the empty SKU an operator may have stocked included, in transactions of
+// 50 SKUs at most, so a batch of orders that needs one of them waits for
+// one small transaction, not for the whole fold. Each
+// stock row a fold writes carries its transaction's id (xmin), which says
+// how many rows each transaction held.
+func TestAFoldHoldsFewStockRowsAtATime(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const skus, mostPerTransaction = 157, 50
+	_, err := b.db.Pool.Exec(t.Context(), `
+		INSERT INTO stock (sku, available)
+		SELECT format('FOLD-%s', lpad(i::text, 4, '0')), 10 FROM generate_series(1, $1) i
+		UNION ALL SELECT '', 10`, skus)
+	require.NoError(t, err)
+	_, err = b.db.Pool.Exec(t.Context(), `
+		INSERT INTO stock_moves (sku, quantity)
+		SELECT sku, -1 FROM stock WHERE sku = '' OR sku LIKE 'FOLD-%' ORDER BY sku`)
+	require.NoError(t, err)
+
+	n, err := orders.FoldStock(t.Context(), b.db.Pool)
+	require.NoError(t, err)
+	require.Equal(t, skus+1, n, "every SKU with moves folded")
+	var transactions, most int
+	require.NoError(t, b.db.Pool.QueryRow(t.Context(), `
+		SELECT count(*), max(rows) FROM (
+			SELECT count(*) AS rows FROM stock WHERE sku = '' OR sku LIKE 'FOLD-%' GROUP BY xmin::text
+		) t`).Scan(&transactions, &most))
+	require.LessOrEqual(t, most, mostPerTransaction, "stock rows one fold transaction held")
+	require.GreaterOrEqual(t, transactions, 4)
+	require.Equal(t, 9, b.available(t, ""))
+	require.Equal(t, 9, b.available(t, "FOLD-0157"))
+	require.Zero(t, b.count(t, "SELECT count(*) FROM stock_moves WHERE sku = '' OR sku LIKE 'FOLD-%'"), "folded moves are gone")
+}
+
 func (b *handlerBundle) count(t *testing.T, query string, args ...any) int {
 	t.Helper()
 	var n int
