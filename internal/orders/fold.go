@@ -24,9 +24,9 @@ const StockFoldIntervalDefault = 30 * time.Second
 // Kept small: a batch of orders that needs one of these SKUs waits for the
 // whole transaction (the fold, then a delete of each SKU's folded moves).
 // A fold of 1,000 SKUs in one transaction held the stock rows for about
-// 120 ms, and each fold raised the p99 of the 12 s window it fell in from
-// 26-35 ms to 86 ms at 1,000 orders/s (BENCHMARKS.md, "The stock fold in
-// small transactions").
+// 120 ms, and raised the p99 of the 12 s window it fell in from 26 ms to
+// 86 ms at 1,000 orders/s (BENCHMARKS.md, "The ruler's mark at its
+// statement, and the stock fold in small transactions").
 const stockFoldBatch = 50
 
 // foldedMovesWait is how long a fold waits for a folded move that another
