@@ -60,8 +60,13 @@ CROSS JOIN LATERAL (
                         WHERE w.order_key = h.order_key AND w.id > h.id AND w.status <> 'processed'
                         ORDER BY w.id LIMIT 1) w
     WHERE w.status = 'pending'
+      -- A probe of the order's open rows per order (OFFSET 0 keeps it a
+      -- subplan): as an anti-join, the plan kept from an inbox of a few
+      -- hundred rows without statistics hashed the inbox whole, and went
+      -- on doing so at each read of the gauges once it had grown.
       AND NOT EXISTS (SELECT 1 FROM inbox e
-                      WHERE e.order_key = h.order_key AND e.id < h.id AND e.status <> 'processed')
+                      WHERE e.order_key = h.order_key AND e.id < h.id AND e.status <> 'processed'
+                      OFFSET 0)
 ) held
 `
 

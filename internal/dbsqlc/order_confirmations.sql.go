@@ -137,14 +137,20 @@ func (q *Queries) OrderConfirmationRejectMany(ctx context.Context, db DBTX, arg 
 }
 
 const OrderLock = `-- name: OrderLock :exec
-SELECT c.order_id FROM order_confirmations c
-WHERE c.order_id = ANY($1::text[]) ORDER BY c.order_id FOR UPDATE
+SELECT c.order_id
+FROM (SELECT DISTINCT unnest($1::text[]) AS id ORDER BY 1) AS o
+CROSS JOIN LATERAL (SELECT c.order_id FROM order_confirmations c
+                    WHERE c.order_id = o.id FOR UPDATE) AS c
 `
 
 // OrderLock locks the order_confirmations rows of order_ids in order id
 // order (so that batches cannot deadlock), waiting for each as
 // lock_timeout says. The handler runs it, then OrderReservationsLock,
-// with a short lock_timeout, in a savepoint (orders.LockOrders).
+// with a short lock_timeout, in a savepoint (orders.LockOrders). Each
+// order's row is one probe of the key, whatever the plan: as
+// "order_id = ANY(@order_ids)", the plan kept from a table of a few
+// hundred rows without statistics read it whole, and went on doing so at
+// each cancellation once it had grown.
 func (q *Queries) OrderLock(ctx context.Context, db DBTX, orderIds []string) error {
 	_, err := db.Exec(ctx, OrderLock, orderIds)
 	return err
@@ -154,16 +160,19 @@ const OrderLockAvailable = `-- name: OrderLockAvailable :many
 WITH o AS (
     SELECT DISTINCT unnest($1::text[]) AS id ORDER BY 1
 ), got_orders AS (
-    SELECT c.order_id FROM order_confirmations c
-    WHERE c.order_id = ANY($1::text[]) ORDER BY c.order_id FOR UPDATE SKIP LOCKED
+    SELECT c.order_id FROM o
+    CROSS JOIN LATERAL (SELECT c.order_id FROM order_confirmations c
+                        WHERE c.order_id = o.id FOR UPDATE SKIP LOCKED) AS c
 ), got_reservations AS (
     SELECT r.order_id, r.sku FROM o
     CROSS JOIN LATERAL (SELECT r.order_id, r.sku FROM stock_reservations r
                         WHERE r.order_id = o.id AND r.released_at IS NULL
                         ORDER BY r.sku FOR UPDATE SKIP LOCKED) AS r
 )
-SELECT c.order_id::text AS order_id FROM order_confirmations c
-WHERE c.order_id = ANY($1::text[]) AND c.order_id NOT IN (SELECT g.order_id FROM got_orders g)
+SELECT c.order_id::text AS order_id FROM o
+CROSS JOIN LATERAL (SELECT c.order_id FROM order_confirmations c
+                    WHERE c.order_id = o.id OFFSET 0) AS c
+WHERE c.order_id NOT IN (SELECT g.order_id FROM got_orders g)
 UNION
 SELECT r.order_id::text FROM o
 CROSS JOIN LATERAL (SELECT r.order_id, r.sku FROM stock_reservations r
@@ -175,8 +184,9 @@ WHERE (r.order_id, r.sku) NOT IN (SELECT g.order_id, g.sku FROM got_reservations
 // each of order_ids changes that no other transaction holds (its
 // order_confirmations row and unreleased stock_reservations rows, in key
 // order), and returns the orders it could not lock whole: a row of theirs
-// exists and another session holds it. Each order's reservations are one
-// probe of the primary key (see StockReservedSkus).
+// exists and another session holds it. Each order's row and its
+// reservations are one probe of a key each (see OrderLock and
+// StockReservedSkus).
 func (q *Queries) OrderLockAvailable(ctx context.Context, db DBTX, orderIds []string) ([]string, error) {
 	rows, err := db.Query(ctx, OrderLockAvailable, orderIds)
 	if err != nil {
