@@ -2,11 +2,13 @@
 // bench start beside each other on one machine (RabbitMQ nodes,
 // PostgreSQL servers, inboxd's HTTP listener).
 //
-// A port is taken below the kernel's ephemeral range. A port of that range
-// that is free when asked (as bind to port 0 returns one) can be taken by
-// an outgoing connection of anything running beside the caller in the
-// seconds before its server binds it; a RabbitMQ node whose distribution
-// port is taken dies while it boots without writing a line of log.
+// A port is taken outside the kernel's ephemeral range. A port of that
+// range that is free when asked (as bind to port 0 returns one) can be
+// taken by an outgoing connection of anything running beside the caller
+// in the seconds before its server binds it; a RabbitMQ node whose
+// distribution port is taken dies while it boots without writing a line
+// of log. Ports are handed out once per process; two processes may still
+// pick the same one, at odds of about one in 17,000 a pair.
 package freeport
 
 import (
@@ -20,7 +22,7 @@ import (
 )
 
 // Lowest is where Port starts looking: above the ports services are
-// usually configured on, below the kernel's ephemeral range.
+// usually configured on (PostgreSQL's 5432, RabbitMQ's 5672 and 15672).
 const Lowest = 15000
 
 // given holds the ports handed out in this process, so that two callers
@@ -30,18 +32,27 @@ var given struct {
 	ports map[int]bool
 }
 
-// Port returns a TCP port between Lowest and the ephemeral range that is
-// free on every address at the time of the call and that this process
-// has not handed out before.
+// Port returns a TCP port outside the kernel's ephemeral range (between
+// Lowest and the range where there is room, else above it) that is free
+// on every address at the time of the call and that this process has not
+// handed out before. It fails when the ephemeral range leaves fewer than
+// 1,000 ports above Lowest on either side of it.
 func Port() (int, error) {
-	highest := EphemeralLow() - 1
+	low, high := EphemeralRange()
+	first, last := Lowest, low-1 // below the ephemeral range where there is room
+	if last-first < 1000 {
+		first, last = max(high+1, Lowest), 65535
+	}
+	if last-first < 1000 {
+		return 0, fmt.Errorf("freeport: the ephemeral range %d-%d leaves no room for test servers' ports above %d", low, high, Lowest)
+	}
 	given.Lock()
 	defer given.Unlock()
 	if given.ports == nil {
 		given.ports = map[int]bool{}
 	}
 	for range 1000 {
-		port := Lowest + rand.IntN(highest-Lowest+1)
+		port := first + rand.IntN(last-first+1)
 		if given.ports[port] {
 			continue
 		}
@@ -53,7 +64,7 @@ func Port() (int, error) {
 		given.ports[port] = true
 		return port, nil
 	}
-	return 0, fmt.Errorf("freeport: no free port between %d and %d", Lowest, highest)
+	return 0, fmt.Errorf("freeport: no free port found outside the ephemeral range %d-%d", low, high)
 }
 
 // Addr returns 127.0.0.1 with a port from Port.
@@ -65,16 +76,18 @@ func Addr() (string, error) {
 	return fmt.Sprintf("127.0.0.1:%d", port), nil
 }
 
-// EphemeralLow is the lowest port the kernel hands to outgoing
-// connections (32768 where it cannot be read).
-func EphemeralLow() int {
+// EphemeralRange is the range of ports the kernel hands to outgoing
+// connections (Linux's default, 32768-60999, where it cannot be read).
+func EphemeralRange() (low, high int) {
 	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
 	if err == nil {
 		if f := strings.Fields(string(b)); len(f) == 2 {
-			if low, err := strconv.Atoi(f[0]); err == nil && low > Lowest+1000 {
-				return low
+			l, errL := strconv.Atoi(f[0])
+			h, errH := strconv.Atoi(f[1])
+			if errL == nil && errH == nil && l <= h {
+				return l, h
 			}
 		}
 	}
-	return 32768
+	return 32768, 60999
 }

@@ -51,7 +51,9 @@ func FoldStockEvery(ctx context.Context, db Beginner, logger *slog.Logger, inter
 
 // FoldStock folds the moves of every SKU whose stock row no other
 // transaction holds into stock.available, stockFoldBatch SKUs per
-// transaction in SKU order, and returns how many SKUs it folded. The
+// transaction in SKU order, and returns how many folds of a SKU it made
+// (a SKU that ends a batch and gets a move before the next batch starts is
+// folded, and counted, twice). The
 // levels stay as they were. Each batch is a READ COMMITTED transaction of
 // its own (a snapshot of an older start could miss a move committed
 // since); it starts at the last SKU of the batch before, so a fold ends

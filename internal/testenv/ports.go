@@ -10,7 +10,7 @@ import (
 
 // freePort returns a TCP port for a server a test starts (a RabbitMQ
 // node, a PostgreSQL server), from freeport.Port: free on every address,
-// below the kernel's ephemeral range, handed out once.
+// outside the kernel's ephemeral range, handed out once.
 func freePort(t *testing.T) int {
 	t.Helper()
 	port, err := freeport.Port()
