@@ -102,6 +102,43 @@ func TestAFoldHoldsFewStockRowsAtATime(t *testing.T) {
 	require.Zero(t, b.count(t, "SELECT count(*) FROM stock_moves WHERE sku = '' OR sku LIKE 'FOLD-%'"), "folded moves are gone")
 }
 
+// A stock row another session holds (an owner's open UPDATE) is passed
+// over, not waited for: the fold goes on to the SKUs after it, in the
+// same batch and the batches after, and folds it at a later fold once it
+// is free.
+func TestAFoldPassesARowAnotherSessionHolds(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	const skus = 120
+	_, err := b.db.Pool.Exec(t.Context(), `
+		INSERT INTO stock (sku, available)
+		SELECT format('PASS-%s', lpad(i::text, 4, '0')), 10 FROM generate_series(1, $1) i`, skus)
+	require.NoError(t, err)
+	_, err = b.db.Pool.Exec(t.Context(), `
+		INSERT INTO stock_moves (sku, quantity) SELECT sku, -1 FROM stock WHERE sku LIKE 'PASS-%' ORDER BY sku`)
+	require.NoError(t, err)
+
+	holder, err := b.db.Pool.Begin(t.Context())
+	require.NoError(t, err)
+	defer func() { _ = holder.Rollback(context.WithoutCancel(t.Context())) }()
+	_, err = holder.Exec(t.Context(), "SELECT 1 FROM stock WHERE sku = 'PASS-0075' FOR UPDATE")
+	require.NoError(t, err)
+
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	n, err := orders.FoldStock(ctx, b.db.Pool)
+	require.NoError(t, err, "the fold waited for the held row")
+	require.Equal(t, skus-1, n, "every SKU but the held one folded")
+	require.Equal(t, 1, b.count(t, "SELECT count(*) FROM stock_moves WHERE sku LIKE 'PASS-%'"), "the held SKU's move stays")
+	require.Equal(t, 9, b.available(t, "PASS-0120"))
+
+	require.NoError(t, holder.Commit(t.Context()))
+	n, err = orders.FoldStock(t.Context(), b.db.Pool)
+	require.NoError(t, err)
+	require.Equal(t, 1, n, "folded once free")
+	require.Equal(t, 9, b.available(t, "PASS-0075"))
+}
+
 func (b *handlerBundle) count(t *testing.T, query string, args ...any) int {
 	t.Helper()
 	var n int
