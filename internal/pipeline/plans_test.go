@@ -75,10 +75,11 @@ const (
 // PostgreSQL would keep it (a generic plan): on the schema as a migration
 // leaves it (no rows, no statistics), and again once each table that
 // grows with the traffic holds 30, 300 and 3,000 rows, still without
-// statistics (a service's first minutes; at 300, "order_id = ANY(...)" took a table of
-// 300 rows for cheaper to read whole than to probe, and the plan kept for
-// the lock of a batch's orders read 100,000 rows at each cancellation once
-// the table had grown). In neither may its plan read a growing table but
+// statistics (a service's first minutes: there "order_id = ANY(...)" took
+// a table of 300 rows for cheaper to read whole than to probe, and the
+// plan kept for the lock of a batch's orders read 100,000 rows at each
+// cancellation once the table had grown). In none may its plan read a
+// growing table but
 // through index conditions: no sequential scan of it, and no scan of a
 // whole index that is not partial (a partial index holds the open rows
 // only), unless it is listed in plannedEachCall. The statements are the
