@@ -36,7 +36,7 @@ func setupIn(t *testing.T, db *testenv.DB) *handlerBundle {
 	return b
 }
 
-func (b *handlerBundle) setStock(t *testing.T, levels map[string]int) {
+func (b *handlerBundle) setStock(t testing.TB, levels map[string]int) {
 	t.Helper()
 	for sku, n := range levels {
 		_, err := b.db.Pool.Exec(t.Context(), `
