@@ -53,30 +53,54 @@ func (c claims) only(keep func(id int64) bool) claims {
 // depend on the broker.
 const sourceQueue = "order-confirmation.inbox"
 
+// The savepoint the handler's call on a whole batch runs under (see
+// handle), set in the round trip that begins the work transaction and
+// locks the claimed rows, and what undoes the call when it fails. A batch
+// that succeeds never releases it: the outcomes are recorded inside it and
+// the commit ends both, a round trip fewer.
+const (
+	batchSavepoint = "SAVEPOINT inbox_batch"
+	batchUndo      = "ROLLBACK TO SAVEPOINT inbox_batch"
+)
+
 // work locks the claimed rows, handles them and records the outcomes, all in
 // one transaction. When the database loses that transaction, the claims
 // are kept to be given back (see lostClaims).
+//
+// The transaction's BEGIN, the lock of the claimed rows and the batch's
+// savepoint go in one round trip (pgx's Batch.BeginTx).
 func (w *Worker) work(ctx context.Context, c claims) error {
 	if len(c.Ids) == 0 {
 		return nil
 	}
-	tx, err := w.pool.Begin(ctx)
+	conn, err := w.pool.Acquire(ctx)
 	if err != nil {
 		w.keepIfLost(ctx, nil, c, err)
 		return fmt.Errorf("begin work transaction: %w", err)
 	}
+	defer conn.Release()
+	var rows []dbsqlc.InboxLockClaimedRow
+	b := &pgx.Batch{}
+	b.BeginTx(pgx.TxOptions{})
+	b.Queue(dbsqlc.InboxLockClaimed, c.Ids, c.ClaimedAts).Query(func(r pgx.Rows) (err error) {
+		rows, err = pgx.CollectRows(r, pgx.RowToStructByPos[dbsqlc.InboxLockClaimedRow])
+		return err
+	})
+	b.Queue(batchSavepoint)
+	br := conn.SendBatch(ctx, b)
+	tx := br.Tx()
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	err = w.workIn(ctx, tx, c)
+	if err := br.Close(); err != nil {
+		w.keepIfLost(ctx, tx, c, err)
+		return fmt.Errorf("lock claimed messages: %w", err)
+	}
+	err = w.workIn(ctx, tx, c, rows)
 	w.keepIfLost(ctx, tx, c, err)
 	return err
 }
 
-// workIn is work's transaction, tx.
-func (w *Worker) workIn(ctx context.Context, tx pgx.Tx, c claims) error {
-	rows, err := w.queries.InboxLockClaimed(ctx, tx, c.InboxLockClaimedParams)
-	if err != nil {
-		return fmt.Errorf("lock claimed messages: %w", err)
-	}
+// workIn is work's transaction, tx, in which the claims c locked rows.
+func (w *Worker) workIn(ctx context.Context, tx pgx.Tx, c claims, rows []dbsqlc.InboxLockClaimedRow) error {
 	w.keepUnlocked(c, rows)
 	if len(rows) == 0 {
 		return nil
@@ -172,8 +196,9 @@ func (w *Worker) handleClaimed(ctx context.Context, tx pgx.Tx, batch []claimed) 
 	return nil
 }
 
-// handle runs the handler on the whole batch under a savepoint; if that
-// fails it runs it on each message alone, each under its own savepoint.
+// handle runs the handler on the whole batch under the batch's savepoint
+// (batchSavepoint); if that fails it rolls the call back and runs the
+// handler on each message alone, each under its own savepoint.
 // HandlerTimeout bounds it all: the batch gets half of it (all of it for a
 // single message), and the messages handled alone share what is left, each
 // getting an equal part of the time that remains for those still to come
@@ -189,13 +214,14 @@ func (w *Worker) handle(ctx context.Context, tx pgx.Tx, msgs []Message) ([]Outco
 	if len(msgs) > 1 {
 		batchTimeout /= 2
 	}
-	outcomes, batchErr := w.handleUnderSavepoint(ctx, tx, msgs, time.Now().Add(batchTimeout))
-	switch {
-	case batchErr == nil:
+	outcomes, batchErr := w.callHandler(ctx, tx, msgs, time.Now().Add(batchTimeout))
+	if batchErr == nil {
 		return outcomes, nil
-	case errors.Is(batchErr, errTxBroken):
-		return nil, batchErr
-	case len(msgs) == 1:
+	}
+	if _, err := tx.Exec(context.WithoutCancel(ctx), batchUndo); err != nil {
+		return nil, fmt.Errorf("%w: roll back to savepoint after %w: %w", errTxBroken, batchErr, err)
+	}
+	if len(msgs) == 1 {
 		return []Outcome{{Err: batchErr}}, nil
 	}
 	w.logger.Warn("batch handler failed, handling messages one by one",
@@ -242,9 +268,6 @@ func (w *Worker) handleUnderSavepoint(ctx context.Context, tx pgx.Tx, msgs []Mes
 		return nil, fmt.Errorf("%w: create savepoint: %w", errTxBroken, err)
 	}
 	outcomes, err := w.callHandler(ctx, sp, msgs, deadline)
-	if err == nil && len(outcomes) != len(msgs) {
-		err = fmt.Errorf("handler returned %d outcomes for %d messages", len(outcomes), len(msgs))
-	}
 	if err != nil {
 		if rbErr := sp.Rollback(context.WithoutCancel(ctx)); rbErr != nil {
 			return nil, fmt.Errorf("%w: roll back savepoint after %w: %w", errTxBroken, err, rbErr)
@@ -257,8 +280,9 @@ func (w *Worker) handleUnderSavepoint(ctx context.Context, tx pgx.Tx, msgs []Mes
 	return outcomes, nil
 }
 
-// callHandler runs the handler until deadline and turns a panic into an
-// error.
+// callHandler runs the handler until deadline, in tx, and turns a panic
+// into an error, as it does a count of outcomes that is not one per
+// message. The handler gets tx as a handlerTx: it cannot end it.
 func (w *Worker) callHandler(ctx context.Context, tx pgx.Tx, msgs []Message, deadline time.Time) (outcomes []Outcome, err error) {
 	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
@@ -271,5 +295,25 @@ func (w *Worker) callHandler(ctx context.Context, tx pgx.Tx, msgs []Message, dea
 			outcomes, err = nil, fmt.Errorf("handler panicked: %v", r)
 		}
 	}()
-	return w.cfg.Handler.HandleBatch(ctx, tx, msgs)
+	outcomes, err = w.cfg.Handler.HandleBatch(ctx, handlerTx{tx}, msgs)
+	if err == nil && len(outcomes) != len(msgs) {
+		err = fmt.Errorf("handler returned %d outcomes for %d messages", len(outcomes), len(msgs))
+	}
+	return outcomes, err
 }
+
+// handlerTx is the worker's transaction as the handler gets it: the
+// handler may run statements in it and savepoints under it (Begin), but
+// not end it. Ending it would commit or roll back the batch's outcomes
+// with the handler's effects, or lose them.
+type handlerTx struct{ pgx.Tx }
+
+// errHandlerEndsTx is what a handler that tries to end the worker's
+// transaction gets.
+var errHandlerEndsTx = errors.New("the handler must not end the worker's transaction")
+
+// Commit refuses: see handlerTx.
+func (handlerTx) Commit(context.Context) error { return errHandlerEndsTx }
+
+// Rollback refuses: see handlerTx.
+func (handlerTx) Rollback(context.Context) error { return errHandlerEndsTx }

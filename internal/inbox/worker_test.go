@@ -1139,3 +1139,47 @@ func TestARowHeldBetweenClaimAndLockHoldsOnlyItself(t *testing.T) {
 	require.Equal(t, []string{"1 processed"}, b.db.Strings(t,
 		"SELECT format('%s %s', attempt, outcome) FROM inbox_attempts WHERE message_id = 'm-1' ORDER BY attempt"))
 }
+
+// A handler that tries to end the worker's transaction is refused: its
+// effects and the messages' outcomes commit together or not at all, so
+// the batch is undone and each message fails an attempt, its effects
+// left out.
+func TestAHandlerCannotEndTheWorkersTransaction(t *testing.T) {
+	t.Parallel()
+	for _, end := range []string{"commit", "rollback"} {
+		t.Run(end, func(t *testing.T) {
+			t.Parallel()
+			b := setupWorker(t)
+			insertMessages(t, b.db.Pool, 2)
+			handler := handlerFunc(func(ctx context.Context, tx pgx.Tx, msgs []inbox.Message) ([]inbox.Outcome, error) {
+				out, err := b.handler.HandleBatch(ctx, tx, msgs)
+				if err != nil {
+					return nil, err
+				}
+				if end == "commit" {
+					err = tx.Commit(ctx)
+				} else {
+					err = tx.Rollback(ctx)
+				}
+				if err != nil {
+					return nil, fmt.Errorf("%s: %w", end, err)
+				}
+				return out, nil
+			})
+			w, err := inbox.NewWorker(b.db.Pool, &inbox.WorkerConfig{Handler: handler, Logger: testenv.Logger(t), BatchSize: 10,
+				MaxAttempts: 5, RetryBase: time.Hour, RetryMax: time.Hour})
+			require.NoError(t, err)
+
+			n, err := w.RunOnce(t.Context())
+			require.NoError(t, err)
+			require.Equal(t, 2, n)
+			require.Zero(t, b.db.Int(t, "SELECT count(*) FROM effects"), "no effect committed without its outcome")
+			for i := range 2 {
+				r := readRow(t, b.db.Pool, fmt.Sprintf("m-%d", i))
+				require.Equal(t, inbox.StatusPending, r.Status)
+				require.Equal(t, 1, r.Attempts)
+				require.Contains(t, *r.LastError, "must not end the worker's transaction")
+			}
+		})
+	}
+}
