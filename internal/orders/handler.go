@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/orderconfirm/inboxd/internal/dbsqlc"
 	"github.com/orderconfirm/inboxd/internal/inbox"
@@ -466,25 +467,35 @@ func (h *Handler) readStock(ctx context.Context, tx pgx.Tx, orders []message) (m
 }
 
 // writeStock writes what decideStock decided: the reservations and the
-// stock they take, and the rejections.
+// stock they take, in one round trip, and the rejections.
 func (h *Handler) writeStock(ctx context.Context, tx pgx.Tx, d stockDecision) error {
 	res, take, reject := d.reservations, d.take, d.reject
 	if len(res.OrderIds) > 0 {
-		inserted, err := h.queries.StockReservationInsertMany(ctx, tx, res)
-		if err != nil {
-			return fmt.Errorf("record reservations: %w", err)
-		}
-		if len(inserted) != len(res.OrderIds) {
-			// Only an order recorded in this very transaction reserves, so
-			// its reservations cannot exist yet: refuse to take stock twice.
-			return fmt.Errorf("record reservations: %d of %d already existed", len(res.OrderIds)-len(inserted), len(res.OrderIds))
-		}
-		n, err := h.queries.StockTakeMany(ctx, tx, take)
-		if err != nil {
-			return fmt.Errorf("take stock: %w", err)
-		}
-		if n != int64(len(take.Skus)) {
-			return fmt.Errorf("take stock: %d moves written for %d SKUs", n, len(take.Skus))
+		// The take is sent with the reservations, before their count is
+		// checked: a count that is wrong fails the batch, which rolls the
+		// take back with the rest.
+		b := &pgx.Batch{}
+		b.Queue(dbsqlc.StockReservationInsertMany, res.OrderIds, res.Skus, res.Quantities).Query(func(r pgx.Rows) error {
+			inserted, err := pgx.CollectRows(r, pgx.RowTo[string])
+			if err == nil && len(inserted) != len(res.OrderIds) {
+				// Only an order recorded in this very transaction reserves,
+				// so its reservations cannot exist yet: refuse to take stock
+				// twice.
+				err = fmt.Errorf("%d of %d already existed", len(res.OrderIds)-len(inserted), len(res.OrderIds))
+			}
+			if err != nil {
+				return fmt.Errorf("record reservations: %w", err)
+			}
+			return nil
+		})
+		b.Queue(dbsqlc.StockTakeMany, take.Skus, take.Quantities).Exec(func(ct pgconn.CommandTag) error {
+			if n := ct.RowsAffected(); n != int64(len(take.Skus)) {
+				return fmt.Errorf("take stock: %d moves written for %d SKUs", n, len(take.Skus))
+			}
+			return nil
+		})
+		if err := tx.SendBatch(ctx, b).Close(); err != nil {
+			return fmt.Errorf("reserve stock: %w", err)
 		}
 	}
 	if len(reject.OrderIds) > 0 {
