@@ -36,6 +36,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/signal"
 	"runtime/pprof"
@@ -86,6 +87,8 @@ type options struct {
 	viewsBefore    string
 	ruler          bool
 	rounds         int
+	// without are the promises turned off in inboxd's schema (promisesOff).
+	without []string
 }
 
 // scenarios lists what the suite measures, in the order it runs them.
@@ -150,7 +153,7 @@ func run(ctx context.Context, args []string, stdout io.Writer) error {
 // parseFlags reads the options from the command line.
 func parseFlags(args []string) (*options, error) {
 	o := &options{}
-	var only, claimRows string
+	var only, claimRows, without string
 	fs := flag.NewFlagSet("inboxbench", flag.ContinueOnError)
 	fs.StringVar(&o.inboxd, "inboxd", "bin/inboxd", "path of the inboxd binary to measure")
 	fs.StringVar(&o.databaseURL, "database-url", cmp.Or(os.Getenv("DATABASE_URL"), "postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable"), "PostgreSQL URL; a fresh schema is created in this database")
@@ -181,12 +184,17 @@ func parseFlags(args []string) (*options, error) {
 	fs.StringVar(&o.viewsBefore, "views-before", "", "views: an earlier build's inboxd binary, whose views, status page and gauges are compared with -inboxd's on the same traffic")
 	fs.BoolVar(&o.ruler, "ruler", true, "domain, steady: run the simplest correct inbox (a ruler in this process, on a schema and virtual host of its own) on the same traffic after or before each inboxd run, and report inboxd's figures as ratios to it")
 	fs.IntVar(&o.rounds, "rounds", 1, "domain, steady: runs of each (pairs of inboxd and the simplest inbox, alternating which goes first)")
+	fs.StringVar(&without, "without", "", "domain, steady: comma-separated promises to turn off in inboxd's schema, for the bench alone, to measure what each costs: "+strings.Join(slices.Sorted(maps.Keys(promisesOff)), ", ")+" (without.go says what each removes)")
 	fs.StringVar(&claimRows, "claim-rows", "0,1000000,10000000", "claim: processed rows in the inbox at each measurement, ascending")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
 	if only != "" {
 		o.only = strings.Split(only, ",")
+	}
+	var err error
+	if o.without, err = parseWithout(without); err != nil {
+		return nil, err
 	}
 	if o.rounds < 1 {
 		return nil, fmt.Errorf("-rounds: want at least 1, got %d", o.rounds)

@@ -67,6 +67,10 @@ func startSide(ctx context.Context, o *options, e *benchEnv, s side) (context.Co
 		svc.stop()
 		return nil, nil, err
 	}
+	if err := turnOff(ctx, e.pool, o.without); err != nil {
+		svc.stop()
+		return nil, nil, err
+	}
 	return ctx, sync.OnceValue(func() error { svc.stop(); return nil }), nil
 }
 

@@ -30,8 +30,10 @@ func benchDomain(ctx context.Context, o *options, r *report) error {
 		if o.ruler {
 			ruler = append(ruler, pair[sideSimplest].published)
 			ratios = append(ratios, pair[sideInboxd].published/pair[sideSimplest].published)
-			r.add("   inboxd / simplest inbox", "%.2f to the last event published, %.2f to the last processed%s",
-				pair[sideInboxd].published/pair[sideSimplest].published, pair[sideInboxd].processed/pair[sideSimplest].processed, roundOf(o, round))
+			r.add("   inboxd / simplest inbox", "%.2f to the last event published, %.2f to the last processed; PostgreSQL's CPU an order %.2f, its WAL %.2f%s",
+				pair[sideInboxd].published/pair[sideSimplest].published, pair[sideInboxd].processed/pair[sideSimplest].processed,
+				float64(pair[sideInboxd].postgres.cpu)/float64(pair[sideSimplest].postgres.cpu), pair[sideInboxd].postgres.wal/pair[sideSimplest].postgres.wal,
+				roundOf(o, round))
 		}
 		r.domainPublished, r.domainProcessed = pair[sideInboxd].published, pair[sideInboxd].processed
 	}
@@ -53,6 +55,12 @@ type domainRun struct {
 	// tookPublished and tookProcessed are the times from the start to
 	// each; publishTook is the publishers' own time.
 	tookPublished, tookProcessed, publishTook time.Duration
+	// postgres is what PostgreSQL spent per order, from the side's start
+	// to the last event published: CPU of all its processes, and WAL.
+	postgres struct {
+		cpu time.Duration
+		wal float64
+	}
 }
 
 // domainOnce runs w through a fresh inboxd process, or through the
@@ -87,6 +95,10 @@ func domainOnce(ctx context.Context, o *options, w *loadgen.Workload, s side) (d
 		return domainRun{}, err
 	}
 	defer stop()
+	before, err := readPostgresCost(ctx, e)
+	if err != nil {
+		return domainRun{}, failedSide(stop, err)
+	}
 	if !o.preload {
 		start = time.Now()
 		go publish()
@@ -101,6 +113,13 @@ func domainOnce(ctx context.Context, o *options, w *loadgen.Workload, s side) (d
 	if err != nil {
 		return domainRun{}, failedSide(stop, err)
 	}
+	after, err := readPostgresCost(ctx, e)
+	if err != nil {
+		return domainRun{}, failedSide(stop, err)
+	}
+	orders := float64(w.UniqueMessageIDs)
+	run.postgres.cpu = time.Duration(float64(after.cpu-before.cpu) / orders)
+	run.postgres.wal = float64(after.wal-before.wal) / orders
 	if err := <-published; err != nil {
 		return domainRun{}, fmt.Errorf("publish: %w", err)
 	}
@@ -120,12 +139,15 @@ func (run domainRun) report(r *report, o *options, w *loadgen.Workload, s side, 
 		from = map[side]string{sideInboxd: "inboxd start", sideSimplest: "start"}[s] + ", queue preloaded"
 	}
 	if s == sideSimplest {
-		r.add("   simplest inbox, same traffic", "%.0f orders/s to the last event published (%s from %s), %.0f to the last processed (%s)%s",
-			run.published, run.tookPublished.Round(time.Millisecond), from, run.processed, run.tookProcessed.Round(time.Millisecond), roundOf(o, round))
+		r.add("   simplest inbox, same traffic", "%.0f orders/s to the last event published (%s from %s), %.0f to the last processed (%s); PostgreSQL per order %s of CPU, %.0f bytes of WAL%s",
+			run.published, run.tookPublished.Round(time.Millisecond), from, run.processed, run.tookProcessed.Round(time.Millisecond),
+			run.postgres.cpu.Round(time.Microsecond), run.postgres.wal, roundOf(o, round))
 		return
 	}
 	r.add("2. whole domain (inboxd)", "%.0f orders/s (%d orders, %s from %s to the last of %d events published)%s",
 		run.published, w.UniqueMessageIDs, run.tookPublished.Round(time.Millisecond), from, 2*w.UniqueMessageIDs, roundOf(o, round))
 	r.add("   of which processed", "%.0f orders/s (%s to the last processed); publishing alone %.0f msg/s",
 		run.processed, run.tookProcessed.Round(time.Millisecond), float64(len(w.Messages))/run.publishTook.Seconds())
+	r.add("   PostgreSQL per order", "%s of CPU (all its processes, the other work of the machine's server included), %.0f bytes of WAL, to the last event published%s",
+		run.postgres.cpu.Round(time.Microsecond), run.postgres.wal, withoutOf(o))
 }
