@@ -537,3 +537,57 @@ func TestTheKeepersStatementsReadOnlyOpenRows(t *testing.T) {
 		}
 	}
 }
+
+// TestARaiseReadsOnlyTheFirstOpenRowOfABacklog: a backlog (a queue drained
+// after an outage, a relay behind) leaves many rows open above the floor.
+// A raise looks for the first of them: it reads one index entry a round,
+// not the whole backlog at every round, with or without statistics, with
+// the plan made at each call or kept.
+func TestARaiseReadsOnlyTheFirstOpenRowOfABacklog(t *testing.T) {
+	t.Parallel()
+	const backlog = 10000
+	for _, c := range []struct {
+		table string
+		raise func(claimfloor.DB) claimfloor.Raise
+		open  string
+	}{
+		{"inbox", claimfloor.Inbox, `INSERT INTO inbox (message_id, message_type, payload)
+			SELECT 'open-' || g, 'order.created', '{}' FROM generate_series(1, $1::integer) g`},
+		{"outbox", claimfloor.Outbox, `INSERT INTO outbox (idempotency_key, routing_key, payload, message_id)
+			SELECT 'open-' || g, 'order.confirmed', '{}', 'open-' || g FROM generate_series(1, $1::integer) g`},
+	} {
+		for _, analyzed := range []bool{false, true} {
+			for _, prepared := range []bool{false, true} {
+				t.Run(fmt.Sprintf("%s/analyzed=%v/prepared=%v", c.table, analyzed, prepared), func(t *testing.T) {
+					t.Parallel()
+					db := testenv.NewDB(t)
+					ctx := t.Context()
+					configure := pipeline.ConfigureSession // each statement planned at each call
+					if prepared {
+						configure = nil // pgx's default: each statement prepared once, its plan kept
+					}
+					conn := db.SessionWith(t, configure)
+					_, err := conn.Exec(ctx, c.open, backlog)
+					require.NoError(t, err)
+					if analyzed {
+						_, err = conn.Exec(ctx, "ANALYZE "+c.table)
+						require.NoError(t, err)
+					}
+					read := func() int {
+						return testenv.SessionStat(t, conn, `
+							SELECT ((SELECT coalesce(sum(seq_tup_read), 0) FROM pg_stat_user_tables
+							         WHERE schemaname = current_schema() AND relname = '`+c.table+`')
+							      + (SELECT coalesce(sum(idx_tup_read), 0) FROM pg_stat_user_indexes
+							         WHERE schemaname = current_schema() AND relname = '`+c.table+`'))::int`)
+					}
+					before := read()
+					k := &keeper{raise: c.raise(conn)}
+					require.Equal(t, int64(1), k.settle(t), "the floor stays at the first open row")
+					got := read() - before
+					t.Logf("%s: 20 rounds read %d rows and index entries of a backlog of %d", c.table, got, backlog)
+					require.Less(t, got, backlog/10, "rows and index entries the raises read")
+				})
+			}
+		}
+	}
+}
