@@ -61,6 +61,10 @@ type domainRun struct {
 		cpu time.Duration
 		wal float64
 	}
+	// inboxdCPU is the CPU inboxd's process spent per order over the same
+	// span (the simplest inbox runs in the bench process, beside the
+	// publishers: its own is not told apart).
+	inboxdCPU time.Duration
 }
 
 // domainOnce runs w through a fresh inboxd process, or through the
@@ -99,6 +103,10 @@ func domainOnce(ctx context.Context, o *options, w *loadgen.Workload, s side) (d
 	if err != nil {
 		return domainRun{}, failedSide(stop, err)
 	}
+	inboxdBefore, err := processCPU("inboxd")
+	if err != nil {
+		return domainRun{}, failedSide(stop, err)
+	}
 	if !o.preload {
 		start = time.Now()
 		go publish()
@@ -117,7 +125,12 @@ func domainOnce(ctx context.Context, o *options, w *loadgen.Workload, s side) (d
 	if err != nil {
 		return domainRun{}, failedSide(stop, err)
 	}
+	inboxdAfter, err := processCPU("inboxd")
+	if err != nil {
+		return domainRun{}, failedSide(stop, err)
+	}
 	orders := float64(w.UniqueMessageIDs)
+	run.inboxdCPU = time.Duration(float64(inboxdAfter-inboxdBefore) / orders)
 	run.postgres.cpu = time.Duration(float64(after.cpu-before.cpu) / orders)
 	run.postgres.wal = float64(after.wal-before.wal) / orders
 	if err := <-published; err != nil {
@@ -150,4 +163,5 @@ func (run domainRun) report(r *report, o *options, w *loadgen.Workload, s side, 
 		run.processed, run.tookProcessed.Round(time.Millisecond), float64(len(w.Messages))/run.publishTook.Seconds())
 	r.add("   PostgreSQL per order", "%s of CPU (all its processes, the other work of the machine's server included), %.0f bytes of WAL, to the last event published%s",
 		run.postgres.cpu.Round(time.Microsecond), run.postgres.wal, withoutOf(o))
+	r.add("   inboxd per order", "%s of CPU (its process), to the last event published", run.inboxdCPU.Round(time.Microsecond))
 }

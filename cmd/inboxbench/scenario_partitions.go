@@ -55,7 +55,11 @@ type partitionResult struct {
 // postgresCPU sums the CPU time (user and system) of every process of this
 // machine named postgres, as /proc tells it. Processes that exit in between
 // two readings take theirs with them, so read both while the service runs.
-func postgresCPU() (time.Duration, error) {
+func postgresCPU() (time.Duration, error) { return processCPU("postgres") }
+
+// processCPU sums the CPU time (user and system) of every process of this
+// machine whose command is name, as postgresCPU does.
+func processCPU(name string) (time.Duration, error) {
 	dirs, err := os.ReadDir("/proc")
 	if err != nil {
 		return 0, err
@@ -72,7 +76,7 @@ func postgresCPU() (time.Duration, error) {
 		// pid (comm) state ppid ...: comm may hold spaces; fields 14 and
 		// 15 (utime, stime) count after its closing parenthesis.
 		open, closing := strings.IndexByte(string(stat), '('), strings.LastIndexByte(string(stat), ')')
-		if open < 0 || closing < open || string(stat[open+1:closing]) != "postgres" {
+		if open < 0 || closing < open || string(stat[open+1:closing]) != name {
 			continue
 		}
 		fields := strings.Fields(string(stat[closing+1:]))
