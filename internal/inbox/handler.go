@@ -82,7 +82,9 @@ type Outcome struct {
 type Handler interface {
 	// HandleBatch handles msgs, in order, in tx and returns one Outcome per
 	// message. It must not call anything outside the database: effects that
-	// leave the service go through the outbox.
+	// leave the service go through the outbox. tx is the worker's: the
+	// handler may run statements and savepoints (Begin) in it, but not end
+	// it (its Commit and Rollback return an error).
 	//
 	// Returning an error means the batch as a whole failed (typically a
 	// database error that aborted tx). The worker then rolls back everything
