@@ -1183,3 +1183,34 @@ func TestAHandlerCannotEndTheWorkersTransaction(t *testing.T) {
 		})
 	}
 }
+
+// TestOutcomesTakeNoMultiXact: the work transaction locks the claimed rows
+// and then records their outcomes. Recorded inside a subtransaction (the
+// batch's savepoint, or a message's), each row would have two lockers,
+// the transaction and its subtransaction, and PostgreSQL would write a
+// MultiXact for every message: WAL, look-ups of it by every session that
+// reads the row, and MultiXact ids spent that anti-wraparound vacuums must
+// then freeze. No row version may carry one, whether the batch succeeded
+// or went message by message.
+func TestOutcomesTakeNoMultiXact(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDBAlone(t) // pageinspect, an extension of its own database
+	db.Exec(t, "CREATE EXTENSION pageinspect")
+	db.Exec(t, "CREATE TABLE effects (message_id text PRIMARY KEY, at timestamptz NOT NULL DEFAULT now())")
+	b := &workerBundle{db: db, handler: newEffectHandler()}
+	insertMessages(t, db.Pool, 20)
+	b.handler.breaking["m-7"] = true // the batch fails, and goes message by message
+	w := b.newWorker(t, db.Pool, inbox.WorkerConfig{BatchSize: 10, MaxAttempts: 5, RetryBase: time.Hour, RetryMax: time.Hour})
+	for range 2 {
+		n, err := w.RunOnce(t.Context())
+		require.NoError(t, err)
+		require.Equal(t, 10, n)
+	}
+	require.Equal(t, 19, db.Int(t, "SELECT count(*) FROM inbox WHERE status = 'processed'"))
+	// HEAP_XMAX_IS_MULTI (0x1000) on any row version of the inbox's pages.
+	require.Zero(t, db.Int(t, `
+		SELECT count(*)
+		FROM generate_series(0, pg_relation_size('inbox') / current_setting('block_size')::int - 1) AS p,
+		     heap_page_items(get_raw_page('inbox', p::int))
+		WHERE t_infomask & 4096 <> 0`), "row versions whose xmax is a MultiXact")
+}
