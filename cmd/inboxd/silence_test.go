@@ -303,22 +303,43 @@ func quietReplicaHoldsTheFlowBackSecondsOnly(t *testing.T, c quietCase) {
 		defer arrivedMu.Unlock()
 		return len(arrived) == 2*orderCount+cancels
 	}, relayIdle+time.Minute, 100*time.Millisecond, "every event arrives downstream")
+	// An event waits for a quiet relay when that relay held it, or held
+	// an earlier event of its order (a cancellation's order.cancelled
+	// comes after its order's events). The others are the flow the other
+	// replica keeps: their p99 is held to the bound. (Over every event the
+	// p99 would say only whether the quiet relay's batch happened to hold
+	// more than one event in a hundred: 59 of 5,625 once.) A replica
+	// caught holding claims held no event: every one is held to it.
+	heldOrders := map[string]bool{}
+	if c.caught == "relay" {
+		for _, message := range held {
+			heldOrders[message] = true
+		}
+	}
 	arrivedMu.Lock()
-	var eventLatencies []time.Duration
+	var eventLatencies, keptLatencies []time.Duration
 	for id, at := range arrived {
 		message, _, ok := strings.Cut(id, ":")
 		require.True(t, ok, id)
-		eventLatencies = append(eventLatencies, at.Sub(publishedAt(message)))
-		if order, ok := strings.CutSuffix(message, "-cancelled"); ok {
+		latency := at.Sub(publishedAt(message))
+		eventLatencies = append(eventLatencies, latency)
+		order, cancellation := strings.CutSuffix(message, "-cancelled")
+		if !heldOrders[order] {
+			keptLatencies = append(keptLatencies, latency)
+		}
+		if cancellation {
 			confirmed, ok := arrived[order+":"+orders.EventOrderConfirmed]
 			require.True(t, ok && !at.Before(confirmed), "%s's order.cancelled after its order.confirmed", order)
 		}
 	}
 	arrivedMu.Unlock()
 	slices.Sort(eventLatencies)
+	slices.Sort(keptLatencies)
 	ep99, eworst := eventLatencies[len(eventLatencies)*99/100], eventLatencies[len(eventLatencies)-1]
-	t.Logf("publish → event downstream over %d events: p99 %s, max %s", len(eventLatencies), ep99.Round(time.Millisecond), eworst.Round(time.Millisecond))
-	require.LessOrEqual(t, ep99, 10*time.Second, "events p99")
+	kp99 := keptLatencies[len(keptLatencies)*99/100]
+	t.Logf("publish → event downstream over %d events: p99 %s, max %s; over the %d of orders a quiet relay held nothing of: p99 %s",
+		len(eventLatencies), ep99.Round(time.Millisecond), eworst.Round(time.Millisecond), len(keptLatencies), kp99.Round(time.Millisecond))
+	require.LessOrEqual(t, kp99, 10*time.Second, "events p99, the orders a quiet relay held nothing of")
 	require.LessOrEqual(t, eworst, relayIdle+10*time.Second, "an event the quiet relay held waits for its transaction to end, no more")
 
 	if freeze {
