@@ -33,6 +33,7 @@ package main
 import (
 	"cmp"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -195,6 +196,11 @@ func parseFlags(args []string) (*options, error) {
 	var err error
 	if o.without, err = parseWithout(without); err != nil {
 		return nil, err
+	}
+	if len(o.without) > 0 && o.preload {
+		// inboxd drains a preloaded queue as soon as it is up, before the
+		// promises could be turned off.
+		return nil, errors.New("-without and -preload: the promises are turned off once inboxd is ready, and with -preload it is draining by then")
 	}
 	if o.rounds < 1 {
 		return nil, fmt.Errorf("-rounds: want at least 1, got %d", o.rounds)

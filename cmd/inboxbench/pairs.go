@@ -47,31 +47,29 @@ func roundOf(o *options, round int) string {
 }
 
 // startSide starts the side s on the env e: a real inboxd process, waited
-// for until ready, or the simplest inbox in this process. It returns the
-// context to wait under (it ends early when the simplest inbox fails) and
-// the func that stops what it started, once however often it is called,
-// and returns the simplest inbox's failure, if any.
-func startSide(ctx context.Context, o *options, e *benchEnv, s side) (context.Context, func() error, error) {
+// for until ready (with -without's promises then turned off), or the
+// simplest inbox in this process. It returns the context to wait under (it
+// ends early when the simplest inbox fails), the func that stops what it
+// started, once however often it is called, and returns the simplest
+// inbox's failure, if any, and the inboxd process's pid (0 for the
+// simplest inbox).
+func startSide(ctx context.Context, o *options, e *benchEnv, s side) (context.Context, func() error, int, error) {
 	if s == sideSimplest {
 		ruler, err := startSimplest(ctx, e.dbURL, e.amqpURL)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, 0, err
 		}
-		return ruler.ctx, sync.OnceValue(ruler.stop), nil
+		return ruler.ctx, sync.OnceValue(ruler.stop), 0, nil
 	}
-	svc, httpAddr, err := e.startInboxd(o)
+	svc, _, err := e.serve(ctx, o)
 	if err != nil {
-		return nil, nil, err
-	}
-	if err := waitReady(ctx, httpAddr); err != nil {
-		svc.stop()
-		return nil, nil, err
+		return nil, nil, 0, err
 	}
 	if err := turnOff(ctx, e.pool, o.without); err != nil {
 		svc.stop()
-		return nil, nil, err
+		return nil, nil, 0, err
 	}
-	return ctx, sync.OnceValue(func() error { svc.stop(); return nil }), nil
+	return ctx, sync.OnceValue(func() error { svc.stop(); return nil }), svc.cmd.Process.Pid, nil
 }
 
 // failedSide stops a side after a wait on it failed with err, and returns

@@ -57,6 +57,41 @@ type partitionResult struct {
 // two readings take theirs with them, so read both while the service runs.
 func postgresCPU() (time.Duration, error) { return processCPU("postgres") }
 
+// pidCPU is the CPU time (user and system) the process pid has spent; 0
+// for pid 0.
+func pidCPU(pid int) (time.Duration, error) {
+	if pid == 0 {
+		return 0, nil
+	}
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	_, ticks, ok := statCommandAndTicks(stat)
+	if !ok {
+		return 0, fmt.Errorf("/proc/%d/stat: no CPU times in %q", pid, stat)
+	}
+	return time.Duration(ticks) * 10 * time.Millisecond, nil // USER_HZ is 100 on Linux
+}
+
+// statCommandAndTicks returns the command of a /proc/<pid>/stat and its
+// user and system CPU ticks.
+func statCommandAndTicks(stat []byte) (string, int64, bool) {
+	// pid (comm) state ppid ...: comm may hold spaces; fields 14 and 15
+	// (utime, stime) count after its closing parenthesis.
+	open, closing := strings.IndexByte(string(stat), '('), strings.LastIndexByte(string(stat), ')')
+	if open < 0 || closing < open {
+		return "", 0, false
+	}
+	fields := strings.Fields(string(stat[closing+1:]))
+	if len(fields) < 13 {
+		return "", 0, false
+	}
+	utime, _ := strconv.ParseInt(fields[11], 10, 64)
+	stime, _ := strconv.ParseInt(fields[12], 10, 64)
+	return string(stat[open+1 : closing]), utime + stime, true
+}
+
 // processCPU sums the CPU time (user and system) of every process of this
 // machine whose command is name, as postgresCPU does.
 func processCPU(name string) (time.Duration, error) {
@@ -73,19 +108,9 @@ func processCPU(name string) (time.Duration, error) {
 		if err != nil {
 			continue // gone meanwhile
 		}
-		// pid (comm) state ppid ...: comm may hold spaces; fields 14 and
-		// 15 (utime, stime) count after its closing parenthesis.
-		open, closing := strings.IndexByte(string(stat), '('), strings.LastIndexByte(string(stat), ')')
-		if open < 0 || closing < open || string(stat[open+1:closing]) != name {
-			continue
+		if comm, t, ok := statCommandAndTicks(stat); ok && comm == name {
+			ticks += t
 		}
-		fields := strings.Fields(string(stat[closing+1:]))
-		if len(fields) < 13 {
-			continue
-		}
-		utime, _ := strconv.ParseInt(fields[11], 10, 64)
-		stime, _ := strconv.ParseInt(fields[12], 10, 64)
-		ticks += utime + stime
 	}
 	// USER_HZ is 100 on Linux.
 	return time.Duration(ticks) * 10 * time.Millisecond, nil

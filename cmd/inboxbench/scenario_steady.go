@@ -66,6 +66,9 @@ func steadyInboxd(ctx context.Context, o *options, w *loadgen.Workload, r *repor
 		return 0, err
 	}
 	defer svc.stop()
+	if err := turnOff(ctx, e.pool, o.without); err != nil {
+		return 0, err
+	}
 
 	memory := sampleMemory(ctx, svc.cmd.Process.Pid)
 	// A downstream consumer of order.confirmed, as the orders' customers
@@ -108,7 +111,7 @@ func steadySimplest(ctx context.Context, o *options, w *loadgen.Workload, r *rep
 		return 0, err
 	}
 	defer e.close()
-	runCtx, stop, err := startSide(ctx, o, e, sideSimplest)
+	runCtx, stop, _, err := startSide(ctx, o, e, sideSimplest)
 	if err != nil {
 		return 0, err
 	}
@@ -220,8 +223,8 @@ func readLatencies(ctx context.Context, pool *pgxpool.Pool, sent map[string]time
 // report adds (4): the quantiles of each latency, and the p99 per window;
 // round labels the first row.
 func (l *latencies) report(r *report, sent map[string]time.Time, o *options, round string) {
-	r.add("4. latency at a steady rate", "p50 %s, p99 %s, p99.9 %s, max %s (%d orders at %.0f/s, publish to processed commit, orders handler)%s",
-		quantile(l.total, 0.50), quantile(l.total, 0.99), quantile(l.total, 0.999), quantile(l.total, 1), len(l.total), o.steadyRate, round)
+	r.add("4. latency at a steady rate", "p50 %s, p99 %s, p99.9 %s, max %s (%d orders at %.0f/s, publish to processed commit, orders handler)%s%s",
+		quantile(l.total, 0.50), quantile(l.total, 0.99), quantile(l.total, 0.999), quantile(l.total, 1), len(l.total), o.steadyRate, withoutOf(o), round)
 	r.add("   of which publish to stored", "p50 %s, p99 %s", quantile(l.ingest, 0.50), quantile(l.ingest, 0.99))
 	r.add("   of which stored to processed", "p50 %s, p99 %s", quantile(l.work, 0.50), quantile(l.work, 0.99))
 	r.add("   p99 per window of publishing", "%s", perWindow(sent, l.totalOf, o.steadyDuration))

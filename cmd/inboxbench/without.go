@@ -41,15 +41,18 @@ var promisesOff = map[string]string{
 }
 
 // parseWithout checks -without's comma-separated names against
-// promisesOff and returns them.
+// promisesOff and returns them, each once.
 func parseWithout(s string) ([]string, error) {
 	if s == "" {
 		return nil, nil
 	}
-	names := strings.Split(s, ",")
-	for _, n := range names {
+	var names []string
+	for _, n := range strings.Split(s, ",") {
 		if _, ok := promisesOff[n]; !ok {
 			return nil, fmt.Errorf("-without: %q is none of %s", n, strings.Join(slices.Sorted(maps.Keys(promisesOff)), ", "))
+		}
+		if !slices.Contains(names, n) {
+			names = append(names, n)
 		}
 	}
 	return names, nil
