@@ -486,55 +486,34 @@ func TestTheKeepersStatementsReadOnlyOpenRows(t *testing.T) {
 			`INSERT INTO outbox (idempotency_key, routing_key, payload, message_id)
 			 SELECT 'open-' || g, 'order.confirmed', '{}', 'open-' || g FROM generate_series(1, 3) g`},
 	} {
-		for _, analyzed := range []bool{false, true} {
-			for _, prepared := range []bool{false, true} {
-				t.Run(fmt.Sprintf("%s/analyzed=%v/prepared=%v", c.table, analyzed, prepared), func(t *testing.T) {
-					t.Parallel()
-					db := testenv.NewDB(t)
-					ctx := t.Context()
-					configure := pipeline.ConfigureSession // each statement planned at each call
-					if prepared {
-						configure = nil // pgx's default: each statement prepared once, its plan kept
-					}
-					// Only this session reads the table, so the table's counters count it.
-					conn := db.SessionWith(t, configure)
-					_, err := conn.Exec(ctx, c.end, ended)
-					require.NoError(t, err)
-					_, err = conn.Exec(ctx, c.open)
-					require.NoError(t, err)
-					if analyzed {
-						_, err = conn.Exec(ctx, "ANALYZE "+c.table)
-						require.NoError(t, err)
-					}
-					read := func() int {
-						return testenv.SessionStat(t, conn, `
-							SELECT ((SELECT coalesce(sum(seq_tup_read), 0) FROM pg_stat_user_tables
-							         WHERE schemaname = current_schema() AND relname = '`+c.table+`')
-							      + (SELECT coalesce(sum(idx_tup_read), 0) FROM pg_stat_user_indexes
-							         WHERE schemaname = current_schema() AND relname = '`+c.table+`'))::int`)
-					}
-					before := read()
+		eachPlanning(t, c.table, func(t *testing.T, conn *pgx.Conn) {
+			_, err := conn.Exec(t.Context(), c.end, ended)
+			require.NoError(t, err)
+			_, err = conn.Exec(t.Context(), c.open)
+			require.NoError(t, err)
+		}, func(t *testing.T, conn *pgx.Conn) {
+			ctx := t.Context()
+			read := tableReads(t, conn, c.table)
+			before := read()
 
-					k := &keeper{raise: c.raise(conn)}
-					require.Equal(t, int64(ended+1), k.settle(t), "the floor rises to the first open row")
-					_, err = conn.Exec(ctx, "SELECT setval($1::regclass, $2)", c.seq, ended+3)
-					require.NoError(t, err)
-					for i := range 7 {
-						stranded, err := c.audit(conn, time.Minute)(ctx)
-						require.NoError(t, err)
-						if i == 0 {
-							require.Equal(t, int64(ended+1), stranded, "the audit finds the first open row under the floor")
-						} else {
-							require.Zero(t, stranded)
-						}
-					}
-
-					got := read() - before
-					t.Logf("%s: the keeper's rounds and audits read %d rows and index entries of %d ended rows", c.table, got, ended)
-					require.Less(t, got, ended/10, "rows and index entries the keeper's statements read")
-				})
+			k := &keeper{raise: c.raise(conn)}
+			require.Equal(t, int64(ended+1), k.settle(t), "the floor rises to the first open row")
+			_, err := conn.Exec(ctx, "SELECT setval($1::regclass, $2)", c.seq, ended+3)
+			require.NoError(t, err)
+			for i := range 7 {
+				stranded, err := c.audit(conn, time.Minute)(ctx)
+				require.NoError(t, err)
+				if i == 0 {
+					require.Equal(t, int64(ended+1), stranded, "the audit finds the first open row under the floor")
+				} else {
+					require.Zero(t, stranded)
+				}
 			}
-		}
+
+			got := read() - before
+			t.Logf("%s: the keeper's rounds and audits read %d rows and index entries of %d ended rows", c.table, got, ended)
+			require.Less(t, got, ended/10, "rows and index entries the keeper's statements read")
+		})
 	}
 }
 
@@ -556,38 +535,56 @@ func TestARaiseReadsOnlyTheFirstOpenRowOfABacklog(t *testing.T) {
 		{"outbox", claimfloor.Outbox, `INSERT INTO outbox (idempotency_key, routing_key, payload, message_id)
 			SELECT 'open-' || g, 'order.confirmed', '{}', 'open-' || g FROM generate_series(1, $1::integer) g`},
 	} {
-		for _, analyzed := range []bool{false, true} {
-			for _, prepared := range []bool{false, true} {
-				t.Run(fmt.Sprintf("%s/analyzed=%v/prepared=%v", c.table, analyzed, prepared), func(t *testing.T) {
-					t.Parallel()
-					db := testenv.NewDB(t)
-					ctx := t.Context()
-					configure := pipeline.ConfigureSession // each statement planned at each call
-					if prepared {
-						configure = nil // pgx's default: each statement prepared once, its plan kept
-					}
-					conn := db.SessionWith(t, configure)
-					_, err := conn.Exec(ctx, c.open, backlog)
+		eachPlanning(t, c.table, func(t *testing.T, conn *pgx.Conn) {
+			_, err := conn.Exec(t.Context(), c.open, backlog)
+			require.NoError(t, err)
+		}, func(t *testing.T, conn *pgx.Conn) {
+			read := tableReads(t, conn, c.table)
+			before := read()
+			k := &keeper{raise: c.raise(conn)}
+			require.Equal(t, int64(1), k.settle(t), "the floor stays at the first open row")
+			got := read() - before
+			t.Logf("%s: 20 rounds read %d rows and index entries of a backlog of %d", c.table, got, backlog)
+			require.Less(t, got, backlog/10, "rows and index entries the raises read")
+		})
+	}
+}
+
+// eachPlanning runs check in a subtest of t for each way a keeper's
+// statements may be planned: on table without and with statistics, each
+// statement planned at each call (pipeline.ConfigureSession) or prepared
+// once with its plan kept (pgx's default). Each subtest has a schema of
+// its own, and a session of it, conn, that fill fills first; only conn
+// reads the table, so its counters count it (tableReads).
+func eachPlanning(t *testing.T, table string, fill, check func(t *testing.T, conn *pgx.Conn)) {
+	for _, analyzed := range []bool{false, true} {
+		for _, prepared := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/analyzed=%v/prepared=%v", table, analyzed, prepared), func(t *testing.T) {
+				t.Parallel()
+				configure := pipeline.ConfigureSession
+				if prepared {
+					configure = nil
+				}
+				conn := testenv.NewDB(t).SessionWith(t, configure)
+				fill(t, conn)
+				if analyzed {
+					_, err := conn.Exec(t.Context(), "ANALYZE "+table)
 					require.NoError(t, err)
-					if analyzed {
-						_, err = conn.Exec(ctx, "ANALYZE "+c.table)
-						require.NoError(t, err)
-					}
-					read := func() int {
-						return testenv.SessionStat(t, conn, `
-							SELECT ((SELECT coalesce(sum(seq_tup_read), 0) FROM pg_stat_user_tables
-							         WHERE schemaname = current_schema() AND relname = '`+c.table+`')
-							      + (SELECT coalesce(sum(idx_tup_read), 0) FROM pg_stat_user_indexes
-							         WHERE schemaname = current_schema() AND relname = '`+c.table+`'))::int`)
-					}
-					before := read()
-					k := &keeper{raise: c.raise(conn)}
-					require.Equal(t, int64(1), k.settle(t), "the floor stays at the first open row")
-					got := read() - before
-					t.Logf("%s: 20 rounds read %d rows and index entries of a backlog of %d", c.table, got, backlog)
-					require.Less(t, got, backlog/10, "rows and index entries the raises read")
-				})
-			}
+				}
+				check(t, conn)
+			})
 		}
+	}
+}
+
+// tableReads returns what counts the rows and index entries of table that
+// have been read so far, as conn's session sees the counters.
+func tableReads(t *testing.T, conn *pgx.Conn, table string) func() int {
+	return func() int {
+		return testenv.SessionStat(t, conn, `
+			SELECT ((SELECT coalesce(sum(seq_tup_read), 0) FROM pg_stat_user_tables
+			         WHERE schemaname = current_schema() AND relname = '`+table+`')
+			      + (SELECT coalesce(sum(idx_tup_read), 0) FROM pg_stat_user_indexes
+			         WHERE schemaname = current_schema() AND relname = '`+table+`'))::int`)
 	}
 }
