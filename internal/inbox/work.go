@@ -79,7 +79,7 @@ func (w *Worker) work(ctx context.Context, c claims) error {
 	conn, err := w.pool.Acquire(ctx)
 	if err != nil {
 		w.keepIfLost(ctx, nil, c, err)
-		return fmt.Errorf("begin work transaction: %w", err)
+		return fmt.Errorf("acquire a connection for the work transaction: %w", err)
 	}
 	defer conn.Release()
 	var rows []dbsqlc.InboxLockClaimedRow
@@ -95,7 +95,7 @@ func (w *Worker) work(ctx context.Context, c claims) error {
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	if err := br.Close(); err != nil {
 		w.keepIfLost(ctx, tx, c, err)
-		return fmt.Errorf("lock claimed messages: %w", err)
+		return fmt.Errorf("begin the work transaction and lock its claimed messages: %w", err)
 	}
 	err = w.workIn(ctx, tx, c, rows)
 	w.keepIfLost(ctx, tx, c, err)
