@@ -86,8 +86,14 @@ BEGIN
                              AND split_part(c, '=', 1) = split_part(setting, '=', 1)) THEN
                 BEGIN
                     EXECUTE format('ALTER ROLE inbox_operator SET %I = %L', split_part(setting, '=', 1), split_part(setting, '=', 2));
-                EXCEPTION WHEN insufficient_privilege THEN
-                    RAISE NOTICE '% may not change inbox_operator: run ALTER ROLE inbox_operator SET % = %', current_user, split_part(setting, '=', 1), quote_literal(split_part(setting, '=', 2));
+                EXCEPTION
+                    WHEN insufficient_privilege THEN
+                        RAISE NOTICE '% may not change inbox_operator: run ALTER ROLE inbox_operator SET % = %', current_user, split_part(setting, '=', 1), quote_literal(split_part(setting, '=', 2));
+                    -- Roles are the cluster's, the advisory lock above the
+                    -- database's: a migration of another database set the
+                    -- same default at the same moment.
+                    WHEN unique_violation THEN
+                        NULL;
                 END;
             END IF;
         END LOOP;
@@ -117,8 +123,11 @@ BEGIN
                 LOOP
                     BEGIN
                         EXECUTE format('ALTER ROLE %I SET %I = %L', login, split_part(setting, '=', 1), split_part(setting, '=', 2));
-                    EXCEPTION WHEN insufficient_privilege THEN
-                        RAISE NOTICE '% may not change role %: run ALTER ROLE % SET % = %', current_user, login, quote_ident(login), split_part(setting, '=', 1), quote_literal(split_part(setting, '=', 2));
+                    EXCEPTION
+                        WHEN insufficient_privilege THEN
+                            RAISE NOTICE '% may not change role %: run ALTER ROLE % SET % = %', current_user, login, quote_ident(login), split_part(setting, '=', 1), quote_literal(split_part(setting, '=', 2));
+                        WHEN unique_violation THEN
+                            NULL; -- set at the same moment by another database's migration
                     END;
                 END LOOP;
                 EXIT;
