@@ -229,3 +229,17 @@ func TestOrderingKey(t *testing.T) {
 	require.Empty(t, orders.OrderingKey(orders.TypeOrderCreated, []byte(`{"orderId":7}`)))
 	require.Empty(t, orders.OrderingKey("test.other", []byte(`{"orderId":"o-1"}`)))
 }
+
+// BenchmarkDecodeOrderCreated decodes and checks a body of the shape the
+// bench's traffic carries: the work every order.created costs the worker
+// before any statement.
+func BenchmarkDecodeOrderCreated(b *testing.B) {
+	body := []byte(`{"eventType":"order.created","orderId":"bench-1796592848155514294-015030","userId":"user-0042",` +
+		`"email":"customer-0042@example.com","items":[{"sku":"SKU-00780","quantity":2},{"sku":"SKU-00887","quantity":1}]}`)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := orders.DecodeOrderCreated(body); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
