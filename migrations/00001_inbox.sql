@@ -192,7 +192,10 @@ CREATE TABLE inbox_attempts (
 -- physical order does not follow finished_at for long.
 CREATE INDEX inbox_attempts_finished_at_idx ON inbox_attempts (finished_at);
 
-CREATE INDEX inbox_attempts_build_idx ON inbox_attempts (build);
+-- A build's failed attempts: inbox_failures_by_build, and the replay of
+-- every message a build failed (above). Partial: the processed attempts,
+-- nearly all of them, are never looked up by build, so they add no entry.
+CREATE INDEX inbox_attempts_build_idx ON inbox_attempts (build) WHERE outcome <> 'processed';
 
 -- inbox_conflicts records every message id that arrived again with a
 -- different payload. The payload stored first stays the one handled; each

@@ -367,7 +367,7 @@ SELECT id FROM claimed WHERE id NOT IN (SELECT id FROM given);
 -- transaction answers them when the message ends (InboxReplyAnswer); a
 -- request stored later is found by the workers' sweep (InboxReplyLeft).
 SELECT i.id, i.message_id, i.message_type, i.payload, i.attempts, i.received_at, i.replay_requested,
-       i.replay_count, i.claimed_at,
+       i.replay_count, i.claimed_at::timestamptz AS claimed_at,
        coalesce(i.traceparent, '') AS traceparent, coalesce(i.tracestate, '') AS tracestate,
        array(SELECT r.id FROM inbox_reply_requests r WHERE r.message_id = i.message_id ORDER BY r.id)::bigint[] AS reply_request_ids
 FROM inbox i
@@ -387,13 +387,17 @@ FOR UPDATE OF i SKIP LOCKED;
 -- batch's deadline passed before its turn). It goes back to pending after
 -- its delay with the attempt the claim counted given back, and no history
 -- row; last_error says why it waits.
+--
+-- started_ats are the messages' claimed_at, as InboxLockClaimed matched
+-- them: when each attempt began.
 WITH u AS (
-    SELECT unnest(@ids::bigint[])             AS id,
-           unnest(@statuses::text[])          AS status,
-           unnest(@results::text[])           AS result,
-           unnest(@last_errors::text[])       AS last_error,
-           unnest(@retry_delays_ms::bigint[]) AS retry_delay_ms,
-           unnest(@replies::text[])           AS reply
+    SELECT unnest(@ids::bigint[])              AS id,
+           unnest(@statuses::text[])           AS status,
+           unnest(@results::text[])            AS result,
+           unnest(@last_errors::text[])        AS last_error,
+           unnest(@retry_delays_ms::bigint[])  AS retry_delay_ms,
+           unnest(@replies::text[])            AS reply,
+           unnest(@started_ats::timestamptz[]) AS started_at
 ), done AS (
     UPDATE inbox
     SET status           = CASE u.status WHEN 'waiting' THEN 'pending' ELSE u.status END,
@@ -426,13 +430,9 @@ INSERT INTO inbox_attempts (inbox_id, run, attempt, message_id, outcome, error, 
 SELECT done.id, done.replay_count, done.attempts, done.message_id,
        CASE u.status WHEN 'pending' THEN 'retry' ELSE u.status END,
        nullif(u.last_error, ''), nullif(u.result, ''),
-       sqlc.arg(process)::text, sqlc.arg(build)::text, started.claimed_at, statement_timestamp()
+       sqlc.arg(process)::text, sqlc.arg(build)::text, u.started_at, statement_timestamp()
 FROM done
 JOIN u ON u.id = done.id
--- The rows as they were before this statement: when the attempt began.
--- One probe of the primary key per message, in a subquery the planner
--- may not merge into a join (OFFSET 0).
-CROSS JOIN LATERAL (SELECT s.claimed_at FROM inbox s WHERE s.id = done.id OFFSET 0) AS started
 WHERE done.status <> 'waiting'
 -- Only a hand edit of inbox.attempts (by the schema's owner) can repeat an
 -- attempt number within a run; the history then keeps the first, and the

@@ -219,12 +219,13 @@ func (q *Queries) InboxClaimUnfinished(ctx context.Context, db DBTX, arg InboxCl
 
 const InboxCompleteMany = `-- name: InboxCompleteMany :exec
 WITH u AS (
-    SELECT unnest($3::bigint[])             AS id,
-           unnest($4::text[])          AS status,
-           unnest($5::text[])           AS result,
-           unnest($6::text[])       AS last_error,
-           unnest($7::bigint[]) AS retry_delay_ms,
-           unnest($8::text[])           AS reply
+    SELECT unnest($3::bigint[])              AS id,
+           unnest($4::text[])           AS status,
+           unnest($5::text[])            AS result,
+           unnest($6::text[])        AS last_error,
+           unnest($7::bigint[])  AS retry_delay_ms,
+           unnest($8::text[])            AS reply,
+           unnest($9::timestamptz[]) AS started_at
 ), done AS (
     UPDATE inbox
     SET status           = CASE u.status WHEN 'waiting' THEN 'pending' ELSE u.status END,
@@ -257,10 +258,9 @@ INSERT INTO inbox_attempts (inbox_id, run, attempt, message_id, outcome, error, 
 SELECT done.id, done.replay_count, done.attempts, done.message_id,
        CASE u.status WHEN 'pending' THEN 'retry' ELSE u.status END,
        nullif(u.last_error, ''), nullif(u.result, ''),
-       $1::text, $2::text, started.claimed_at, statement_timestamp()
+       $1::text, $2::text, u.started_at, statement_timestamp()
 FROM done
 JOIN u ON u.id = done.id
-CROSS JOIN LATERAL (SELECT s.claimed_at FROM inbox s WHERE s.id = done.id OFFSET 0) AS started
 WHERE done.status <> 'waiting'
 ON CONFLICT DO NOTHING
 `
@@ -274,6 +274,7 @@ type InboxCompleteManyParams struct {
 	LastErrors    []string
 	RetryDelaysMs []int64
 	Replies       []string
+	StartedAts    []time.Time
 }
 
 // InboxCompleteMany records the outcome of one handling attempt for each
@@ -285,9 +286,9 @@ type InboxCompleteManyParams struct {
 // batch's deadline passed before its turn). It goes back to pending after
 // its delay with the attempt the claim counted given back, and no history
 // row; last_error says why it waits.
-// The rows as they were before this statement: when the attempt began.
-// One probe of the primary key per message, in a subquery the planner
-// may not merge into a join (OFFSET 0).
+//
+// started_ats are the messages' claimed_at, as InboxLockClaimed matched
+// them: when each attempt began.
 // Only a hand edit of inbox.attempts (by the schema's owner) can repeat an
 // attempt number within a run; the history then keeps the first, and the
 // handling goes on.
@@ -301,6 +302,7 @@ func (q *Queries) InboxCompleteMany(ctx context.Context, db DBTX, arg InboxCompl
 		arg.LastErrors,
 		arg.RetryDelaysMs,
 		arg.Replies,
+		arg.StartedAts,
 	)
 	return err
 }
@@ -581,7 +583,7 @@ func (q *Queries) InboxInsertMany(ctx context.Context, db DBTX, arg InboxInsertM
 
 const InboxLockClaimed = `-- name: InboxLockClaimed :many
 SELECT i.id, i.message_id, i.message_type, i.payload, i.attempts, i.received_at, i.replay_requested,
-       i.replay_count, i.claimed_at,
+       i.replay_count, i.claimed_at::timestamptz AS claimed_at,
        coalesce(i.traceparent, '') AS traceparent, coalesce(i.tracestate, '') AS tracestate,
        array(SELECT r.id FROM inbox_reply_requests r WHERE r.message_id = i.message_id ORDER BY r.id)::bigint[] AS reply_request_ids
 FROM inbox i
@@ -606,7 +608,7 @@ type InboxLockClaimedRow struct {
 	ReceivedAt      time.Time
 	ReplayRequested bool
 	ReplayCount     int32
-	ClaimedAt       *time.Time
+	ClaimedAt       time.Time
 	Traceparent     string
 	Tracestate      string
 	ReplyRequestIds []int64

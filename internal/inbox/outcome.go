@@ -33,6 +33,9 @@ type claimed struct {
 	replyRequests []int64
 	// decision is set once the batch's handling is over.
 	decision decision
+	// claimedAt is when the claim the batch locked the message under was
+	// made: the attempt's start in its history row.
+	claimedAt time.Time
 }
 
 // outcomeWaiting is the status InboxCompleteMany takes for a message that
@@ -158,12 +161,14 @@ func (w *Worker) complete(ctx context.Context, tx pgx.Tx, batch []claimed) error
 		LastErrors:    make([]string, len(batch)),
 		RetryDelaysMs: make([]int64, len(batch)),
 		Replies:       make([]string, len(batch)),
+		StartedAts:    make([]time.Time, len(batch)),
 	}
 	var requests []int64
 	for i, c := range batch {
 		d := c.decision
 		p.Ids[i], p.Statuses[i], p.Results[i], p.LastErrors[i] = c.msg.ID, d.status, d.result, d.lastError
 		p.RetryDelaysMs[i], p.Replies[i] = d.delay.Milliseconds(), d.reply
+		p.StartedAts[i] = c.claimedAt
 		if d.status == StatusProcessed || d.status == StatusDead {
 			requests = append(requests, c.replyRequests...)
 		}

@@ -136,7 +136,7 @@ func (w *Worker) claimedBatch(ctx context.Context, rows []dbsqlc.InboxLockClaime
 			Attempt:    int(r.Attempts),
 			ReceivedAt: r.ReceivedAt,
 			Replay:     r.ReplayRequested,
-		}, replyRequests: r.ReplyRequestIds}
+		}, replyRequests: r.ReplyRequestIds, claimedAt: r.ClaimedAt}
 		m := &c.msg
 		_, m.span = w.cfg.Tracer.StartProcess(ctx, sourceQueue, tracing.Message{
 			ID: m.MessageID, Type: m.Type, Attempt: m.Attempt, Replay: m.Replay,

@@ -225,6 +225,33 @@ func TestWorker(t *testing.T) {
 		require.Equal(t, 1, b.db.Int(t, "SELECT count(*) FROM effects"))
 	})
 
+	t.Run("TheHistoryRecordsWhenEachAttemptWasClaimed", func(t *testing.T) {
+		t.Parallel()
+		b := setupWorker(t)
+		// Every claim as the claim statement set it, whatever clears it after.
+		b.db.Exec(t, `CREATE TABLE claims_seen (inbox_id bigint, attempt integer, claimed_at timestamptz);
+			CREATE FUNCTION claims_seen() RETURNS trigger LANGUAGE plpgsql AS $$
+			BEGIN INSERT INTO claims_seen VALUES (NEW.id, NEW.attempts, NEW.claimed_at); RETURN NULL; END $$;
+			CREATE TRIGGER claims_seen AFTER UPDATE OF claimed_at ON inbox FOR EACH ROW
+			WHEN (NEW.claimed_at IS NOT NULL) EXECUTE FUNCTION claims_seen()`)
+		insertMessages(t, b.db.Pool, 3)
+		b.handler.failing["m-0"] = errors.New("downstream unavailable")
+		b.handler.failing["m-1"] = inbox.Permanentf("bad payload")
+		w := b.newWorker(t, b.db.Pool, inbox.WorkerConfig{MaxAttempts: 3, RetryBase: time.Millisecond, RetryMax: 2 * time.Millisecond})
+
+		require.Eventually(t, func() bool {
+			_, err := w.RunOnce(t.Context())
+			require.NoError(t, err)
+			return readRow(t, b.db.Pool, "m-0").Status == inbox.StatusDead
+		}, 10*time.Second, 5*time.Millisecond)
+		require.Equal(t, 5, b.db.Int(t, "SELECT count(*) FROM inbox_attempts"), "three attempts of m-0, one each of m-1 and m-2")
+		require.Equal(t, 5, b.db.Int(t, "SELECT count(*) FROM claims_seen"))
+		require.Zero(t, b.db.Int(t, `SELECT count(*) FROM inbox_attempts a
+			LEFT JOIN claims_seen c ON c.inbox_id = a.inbox_id AND c.attempt = a.attempt
+			WHERE a.started_at IS DISTINCT FROM c.claimed_at OR a.finished_at < a.started_at`),
+			"each attempt began when its claim was made")
+	})
+
 	t.Run("PanicIsAFailedAttempt", func(t *testing.T) {
 		t.Parallel()
 		b := setupWorker(t)
