@@ -23,12 +23,11 @@
 -- outbox_order_key_unpublished_idx (00002).
 
 -- order_confirmations holds one row per order: the outcome of handling it.
--- The unique order_id is the domain's own defence against doubles: an order
+-- The order_id key is the domain's own defence against doubles: an order
 -- re-sent under a new message id, or one that outlives the inbox's dedupe
 -- window, still gets exactly one row.
 CREATE TABLE order_confirmations (
-    id         bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    order_id   text        NOT NULL UNIQUE,
+    order_id   text        PRIMARY KEY,
     status     text        NOT NULL CHECK (status IN ('confirmed', 'rejected', 'cancelled')),
     -- NULL when the order was cancelled before its order.created arrived.
     user_id    text,

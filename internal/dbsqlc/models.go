@@ -221,7 +221,6 @@ type InboxThroughput struct {
 }
 
 type OrderConfirmation struct {
-	ID        int64
 	OrderID   string
 	Status    string
 	UserID    pgtype.Text
