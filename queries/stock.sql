@@ -23,13 +23,13 @@ INSERT INTO stock_moves (sku, quantity)
 SELECT t.sku, -t.quantity
 FROM (SELECT unnest(@skus::text[]) AS sku, unnest(@quantities::integer[]) AS quantity) AS t;
 
--- name: StockReservationInsertMany :many
--- StockReservationInsertMany records reservations, skipping any (order, sku)
--- already reserved, and returns the order ids of the rows it inserted.
+-- name: StockReservationInsertMany :execrows
+-- StockReservationInsertMany records reservations and returns how many it
+-- wrote. An (order, sku) reserved already fails it (unique_violation): only
+-- an order recorded in the calling transaction reserves, so its
+-- reservations cannot exist yet, and its stock is never taken twice.
 INSERT INTO stock_reservations (order_id, sku, quantity)
-SELECT unnest(@order_ids::text[]), unnest(@skus::text[]), unnest(@quantities::integer[])
-ON CONFLICT (order_id, sku) DO NOTHING
-RETURNING order_id;
+SELECT unnest(@order_ids::text[]), unnest(@skus::text[]), unnest(@quantities::integer[]);
 
 -- name: StockRelease :one
 -- StockRelease gives back the stock an order reserved, once: it marks the

@@ -250,11 +250,9 @@ func (q *Queries) StockRelease(ctx context.Context, db DBTX, orderID string) (in
 	return column_1, err
 }
 
-const StockReservationInsertMany = `-- name: StockReservationInsertMany :many
+const StockReservationInsertMany = `-- name: StockReservationInsertMany :execrows
 INSERT INTO stock_reservations (order_id, sku, quantity)
 SELECT unnest($1::text[]), unnest($2::text[]), unnest($3::integer[])
-ON CONFLICT (order_id, sku) DO NOTHING
-RETURNING order_id
 `
 
 type StockReservationInsertManyParams struct {
@@ -263,26 +261,16 @@ type StockReservationInsertManyParams struct {
 	Quantities []int32
 }
 
-// StockReservationInsertMany records reservations, skipping any (order, sku)
-// already reserved, and returns the order ids of the rows it inserted.
-func (q *Queries) StockReservationInsertMany(ctx context.Context, db DBTX, arg StockReservationInsertManyParams) ([]string, error) {
-	rows, err := db.Query(ctx, StockReservationInsertMany, arg.OrderIds, arg.Skus, arg.Quantities)
+// StockReservationInsertMany records reservations and returns how many it
+// wrote. An (order, sku) reserved already fails it (unique_violation): only
+// an order recorded in the calling transaction reserves, so its
+// reservations cannot exist yet, and its stock is never taken twice.
+func (q *Queries) StockReservationInsertMany(ctx context.Context, db DBTX, arg StockReservationInsertManyParams) (int64, error) {
+	result, err := db.Exec(ctx, StockReservationInsertMany, arg.OrderIds, arg.Skus, arg.Quantities)
 	if err != nil {
-		return nil, err
+		return 0, err
 	}
-	defer rows.Close()
-	var items []string
-	for rows.Next() {
-		var order_id string
-		if err := rows.Scan(&order_id); err != nil {
-			return nil, err
-		}
-		items = append(items, order_id)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, err
-	}
-	return items, nil
+	return result.RowsAffected(), nil
 }
 
 const StockReservedSkus = `-- name: StockReservedSkus :many

@@ -475,16 +475,11 @@ func (h *Handler) writeStock(ctx context.Context, tx pgx.Tx, d stockDecision) er
 		// checked: a count that is wrong fails the batch, which rolls the
 		// take back with the rest.
 		b := &pgx.Batch{}
-		b.Queue(dbsqlc.StockReservationInsertMany, res.OrderIds, res.Skus, res.Quantities).Query(func(r pgx.Rows) error {
-			inserted, err := pgx.CollectRows(r, pgx.RowTo[string])
-			if err == nil && len(inserted) != len(res.OrderIds) {
-				// Only an order recorded in this very transaction reserves,
-				// so its reservations cannot exist yet: refuse to take stock
-				// twice.
-				err = fmt.Errorf("%d of %d already existed", len(res.OrderIds)-len(inserted), len(res.OrderIds))
-			}
-			if err != nil {
-				return fmt.Errorf("record reservations: %w", err)
+		// A reservation that exists already fails the insert (see
+		// StockReservationInsertMany), and the batch with it.
+		b.Queue(dbsqlc.StockReservationInsertMany, res.OrderIds, res.Skus, res.Quantities).Exec(func(ct pgconn.CommandTag) error {
+			if n := ct.RowsAffected(); n != int64(len(res.OrderIds)) {
+				return fmt.Errorf("record reservations: %d written for %d", n, len(res.OrderIds))
 			}
 			return nil
 		})

@@ -238,6 +238,23 @@ func TestHandlerReservesStock(t *testing.T) {
 		require.NotContains(t, b.outboxKeys(t), "m-2:email.requested")
 	})
 
+	t.Run("AReservationAlreadyThereTakesNoStockTwice", func(t *testing.T) {
+		t.Parallel()
+		b := setup(t)
+		b.setStock(t, map[string]int{"A": 5})
+		// A reservation with no order recorded: written by hand, or left by
+		// an order row deleted by hand. Recording the order now must not
+		// take its stock a second time: the batch fails instead.
+		b.db.Exec(t, "INSERT INTO stock_reservations (order_id, sku, quantity) VALUES ('o-1', 'A', 2)")
+		err := pgx.BeginFunc(t.Context(), b.db.Pool, func(tx pgx.Tx) error {
+			_, err := b.handler.HandleBatch(t.Context(), tx, []inbox.Message{order("m-1", "o-1", orders.Item{SKU: "A", Quantity: 2})})
+			return err
+		})
+		require.ErrorContains(t, err, "reserve stock")
+		require.Equal(t, 5, b.available(t, "A"))
+		require.Zero(t, b.orderCount(t))
+	})
+
 	t.Run("CancellationGivesStockBackOnce", func(t *testing.T) {
 		t.Parallel()
 		b := setup(t)
