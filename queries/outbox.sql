@@ -55,8 +55,8 @@ SELECT pg_notify('outbox_pending', current_schema()) FROM (SELECT 1 FROM inserte
 -- cheap: 0.9 s a claim after 60 s held at 500 orders/s).
 --
 -- The look-ups of an order's earlier rows do not start at the floor: they
--- read that order's rows alone (outbox_order_key_unpublished_idx, and
--- outbox_dead_order_key_idx for its dead rows), a handful of entries. The
+-- read that order's rows alone (outbox_order_key_unpublished_idx, which
+-- holds its dead rows too), a handful of entries. The
 -- floor lives in a sequence, which no snapshot holds still: keepers raise
 -- it while a claim runs, past rows that are open in the claim's snapshot
 -- and have ended since (published, or dead). Bounded by the floor, a
@@ -77,30 +77,24 @@ WITH candidate AS (
       AND o.id >= outbox_claim_floor()
       AND (o.claimed_at IS NULL OR o.claimed_at < coalesce(sqlc.narg('now')::timestamptz, now()) - sqlc.arg(lease_ms)::bigint * interval '1 millisecond')
       AND o.next_attempt_at <= coalesce(sqlc.narg('now')::timestamptz, now())
-      AND (o.order_key IS NULL OR (
-          -- An earlier row of the order that is dead. Dead rows are never
-          -- published: the look-up names no other condition, so that only
-          -- outbox_dead_order_key_idx serves it.
-          NOT EXISTS (
-              SELECT 1 FROM outbox d
-              WHERE d.order_key = o.order_key AND d.id < o.id AND d.dead_at IS NOT NULL
-          )
-          -- An earlier row of the order waiting for a retry or under a
-          -- lease. The bound is written on (order_key, id) together, which
-          -- outbox_order_key_unpublished_idx serves, and on nothing else:
-          -- with a bound on id, the planner took a range of the open rows'
-          -- index, or of the primary key, and read every other order's
-          -- row before this one, for each candidate (90,000 entries for a
-          -- claim of 300 orders). The look-up names no dead_at condition,
-          -- so the open rows' index cannot serve it (outbox_open_idx).
-          AND NOT EXISTS (
-              SELECT 1 FROM outbox w
-              WHERE w.order_key = o.order_key
-                AND (w.order_key, w.id) < (o.order_key, o.id)
-                AND w.published_at IS NULL
-                AND (w.next_attempt_at > coalesce(sqlc.narg('now')::timestamptz, now())
-                     OR w.claimed_at >= coalesce(sqlc.narg('now')::timestamptz, now()) - sqlc.arg(lease_ms)::bigint * interval '1 millisecond')
-          )
+      -- An earlier row of the order that is dead, waiting for a retry or
+      -- under a lease. Dead rows are never published, so the order's
+      -- unpublished rows hold them too: one look-up of that order's rows.
+      -- The bound is written on (order_key, id) together, which
+      -- outbox_order_key_unpublished_idx serves, and on nothing else: with
+      -- a bound on id, the planner took a range of the open rows' index, or
+      -- of the primary key, and read every other order's row before this
+      -- one, for each candidate (90,000 entries for a claim of 300 orders).
+      -- The dead_at condition sits in the OR, so the open rows' index
+      -- (outbox_open_idx) cannot serve it.
+      AND (o.order_key IS NULL OR NOT EXISTS (
+          SELECT 1 FROM outbox w
+          WHERE w.order_key = o.order_key
+            AND (w.order_key, w.id) < (o.order_key, o.id)
+            AND w.published_at IS NULL
+            AND (w.dead_at IS NOT NULL
+                 OR w.next_attempt_at > coalesce(sqlc.narg('now')::timestamptz, now())
+                 OR w.claimed_at >= coalesce(sqlc.narg('now')::timestamptz, now()) - sqlc.arg(lease_ms)::bigint * interval '1 millisecond')
       ))
     ORDER BY o.id
     LIMIT sqlc.arg(max_rows)

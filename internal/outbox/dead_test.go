@@ -85,6 +85,25 @@ func TestHeldBackRowsNeverFillABatch(t *testing.T) {
 	}
 }
 
+// A dead row holds back its order's later rows before the batch is
+// filled, as a row waiting for a retry does: a fresh order behind 1,500
+// rows held back by a dead one is published in the first batch.
+func TestRowsHeldBackByADeadRowNeverFillABatch(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.insertOrderRows(t, "o-dead", "dead", 1)
+	b.exec(t, `UPDATE outbox SET dead_at = now(), attempts = 5, last_error = 'refused'`)
+	b.insertOrderRows(t, "o-dead", "held", 1500)
+	b.insertOrderRows(t, "o-fresh", "fresh", 1)
+
+	b.startRelay(t, outbox.RelayConfig{BatchSize: 1000, PollInterval: time.Hour})
+	b.receive(t, map[string]bool{"fresh-0:order.confirmed": true})
+	require.Eventually(t, func() bool { return b.unpublished(t) == 1501 }, 10*time.Second, 10*time.Millisecond,
+		"o-dead's rows all wait: only o-fresh's is published")
+	require.Zero(t, b.db.Int(t, `SELECT count(*) FROM outbox WHERE idempotency_key LIKE 'held-%' AND attempts > 0`),
+		"no held-back row was even claimed")
+}
+
 // A row the client cannot send ends dead after MaxAttempts, with its
 // reason, and holds back its order's later rows, visibly; every other
 // order's events go out, on the same connection. Once an operator fixes the
