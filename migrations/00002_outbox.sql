@@ -71,7 +71,12 @@ CREATE TABLE outbox (
     -- order_key; one the broker returns (its requester is gone) ends dead:
     -- undeliverable.
     reply_to         text,
-    correlation_id   text
+    correlation_id   text,
+
+    -- A dead row is unpublished: the relay finds an order's earlier dead
+    -- rows among its unpublished ones (OutboxClaimBatch), so a row marked
+    -- both would let the order's later rows out ahead of it.
+    CONSTRAINT outbox_dead_unpublished CHECK (dead_at IS NULL OR published_at IS NULL)
 )
 WITH (fillfactor = 50);
 

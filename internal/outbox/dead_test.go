@@ -85,6 +85,28 @@ func TestHeldBackRowsNeverFillABatch(t *testing.T) {
 	}
 }
 
+// A row is never both dead and published, whoever writes it: the claim
+// finds an order's earlier dead rows among its unpublished ones.
+func TestNoRowIsDeadAndPublished(t *testing.T) {
+	t.Parallel()
+	db := testenv.NewDB(t) // the schema alone: no broker
+	db.Exec(t, `INSERT INTO outbox (idempotency_key, message_id, routing_key, payload, order_key)
+		VALUES ('m-1:order.confirmed', 'm-1', 'order.confirmed', '{}', 'o-1'),
+		       ('m-2:order.confirmed', 'm-2', 'order.confirmed', '{}', 'o-2')`)
+	for _, sql := range []string{
+		"UPDATE outbox SET published_at = now(), dead_at = now() WHERE message_id = 'm-1'",
+		"UPDATE outbox SET dead_at = now() WHERE message_id = 'm-2'",
+		"UPDATE outbox SET published_at = now() WHERE message_id = 'm-2'",
+	} {
+		_, err := db.Pool.Exec(t.Context(), sql)
+		if strings.Contains(sql, "published_at = now()") {
+			require.ErrorContains(t, err, "outbox_dead_unpublished", sql)
+		} else {
+			require.NoError(t, err, sql)
+		}
+	}
+}
+
 // A dead row holds back its order's later rows before the batch is
 // filled, as a row waiting for a retry does: a fresh order behind 1,500
 // rows held back by a dead one is published in the first batch.
