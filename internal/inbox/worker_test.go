@@ -157,6 +157,16 @@ const attemptHistorySQL = `
 	SELECT format('%s %s %s %s', attempt, outcome, process, build)
 	FROM inbox_attempts WHERE message_id = $1 ORDER BY run, attempt`
 
+// runUntilDead runs w's batches until messageID is dead.
+func runUntilDead(t *testing.T, w *inbox.Worker, pool *pgxpool.Pool, messageID string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		_, err := w.RunOnce(t.Context())
+		require.NoError(t, err)
+		return readRow(t, pool, messageID).Status == inbox.StatusDead
+	}, 10*time.Second, 5*time.Millisecond)
+}
+
 func TestWorker(t *testing.T) {
 	t.Parallel()
 
@@ -212,11 +222,7 @@ func TestWorker(t *testing.T) {
 		b.handler.failing["m-0"] = errors.New("downstream unavailable")
 		w := b.newWorker(t, b.db.Pool, inbox.WorkerConfig{MaxAttempts: 3, RetryBase: time.Millisecond, RetryMax: 2 * time.Millisecond})
 
-		require.Eventually(t, func() bool {
-			_, err := w.RunOnce(t.Context())
-			require.NoError(t, err)
-			return readRow(t, b.db.Pool, "m-0").Status == inbox.StatusDead
-		}, 10*time.Second, 5*time.Millisecond)
+		runUntilDead(t, w, b.db.Pool, "m-0")
 		r := readRow(t, b.db.Pool, "m-0")
 		require.Equal(t, 3, r.Attempts)
 		require.Equal(t, "downstream unavailable", *r.LastError)
@@ -239,11 +245,7 @@ func TestWorker(t *testing.T) {
 		b.handler.failing["m-1"] = inbox.Permanentf("bad payload")
 		w := b.newWorker(t, b.db.Pool, inbox.WorkerConfig{MaxAttempts: 3, RetryBase: time.Millisecond, RetryMax: 2 * time.Millisecond})
 
-		require.Eventually(t, func() bool {
-			_, err := w.RunOnce(t.Context())
-			require.NoError(t, err)
-			return readRow(t, b.db.Pool, "m-0").Status == inbox.StatusDead
-		}, 10*time.Second, 5*time.Millisecond)
+		runUntilDead(t, w, b.db.Pool, "m-0")
 		require.Equal(t, 5, b.db.Int(t, "SELECT count(*) FROM inbox_attempts"), "three attempts of m-0, one each of m-1 and m-2")
 		require.Equal(t, 5, b.db.Int(t, "SELECT count(*) FROM claims_seen"))
 		require.Zero(t, b.db.Int(t, `SELECT count(*) FROM inbox_attempts a
